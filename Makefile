@@ -1,0 +1,50 @@
+# tfhpc: the front door. `make help` lists targets and variables; set variables on the command line,
+# e.g. `make image MPI=mpich STACK=conservative`. Versions are never written here: see versions.toml.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
+FLAVOR ?=##        image flavour (cpu; default: versions.toml's default_flavor)
+MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
+BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
+CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $$PIP_CERT etc.)
+PIP_INDEX_URL ?=## PyPI mirror for builds (passed as a BuildKit secret, never stored in a layer)
+LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
+PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
+VENV ?= .venv##    host virtual environment for the tooling and tests
+
+export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER
+PYTHON := $(VENV)/bin/python
+
+.PHONY: help venv image test test-unit test-images clean clean-all show
+
+help: ## list targets and variables
+	@echo "targets:"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
+	@echo "variables:"
+	@grep -hE '^[A-Z_]+ \?=' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?=[^#]*## *(.*)/  \1\t\2/' | expand -t 22
+
+venv: $(VENV)/.installed ## create the host virtual environment (docker SDK, pytest, testinfra)
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet -r requirements.txt
+	touch $@
+
+image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> app) and write build/images.json
+	$(PYTHON) -m tfhpc build
+
+show: venv ## print the resolved versions, build arguments and image names
+	$(PYTHON) -m tfhpc show
+
+test: image ## build if needed, then run every test: tooling, each image and its ancestors' tests, smoke tests
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv ## tooling tests only (no docker needed)
+	$(PYTHON) -m pytest -m "not image" $(PYTEST_ARGS)
+
+clean: venv ## remove dangling images and the docker build cache
+	$(PYTHON) -m tfhpc clean
+
+clean-all: venv ## `clean`, and remove every tfhpc image and build/
+	$(PYTHON) -m tfhpc clean --all
+	rm -rf build

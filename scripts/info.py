@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Print what the tfhpc image holds, the commands it ships and how to run N ranks. Imports no framework, so it
+answers in well under a second, also on a login node."""
+import platform
+import shutil
+import subprocess
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+COMPONENTS = ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy")
+
+
+def version(distribution):
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def main():
+    with open("/etc/os-release") as handle:
+        os_release = {key: value.strip('"') for key, value in
+                      (line.rstrip().split("=", 1) for line in handle if "=" in line)}
+    print("tfhpc: TensorFlow + Horovod for HPC clusters")
+    print(f"  os        {os_release.get('PRETTY_NAME', '?')}")
+    print(f"  python    {platform.python_version()}")
+    for name in COMPONENTS:
+        if version(name):
+            print(f"  {name:<9} {version(name)}")
+    if shutil.which("mpirun"):
+        first = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
+        print(f"  mpi       {first[0] if first else '?'}")
+    with (SCRIPTS / "entrypoints.toml").open("rb") as handle:
+        entrypoints = tomllib.load(handle)
+    print("\ncommands (docker run IMAGE NAME, or apptainer run --app NAME image.sif):")
+    for name, spec in entrypoints.items():
+        print(f"  {name:<18} {spec['help']}")
+    print("""
+run 2 ranks:
+  docker run --rm IMAGE horovodrun -np 2 python /opt/tfhpc/scripts/smoke/hvd_collectives.py
+  docker run --rm IMAGE mpirun -np 2 python /opt/tfhpc/scripts/smoke/hvd_collectives.py
+  srun -N2 --ntasks-per-node=1 --mpi=pmix singularity exec image.sif python /opt/tfhpc/scripts/smoke/hvd_collectives.py""")
+
+
+if __name__ == "__main__":
+    main()

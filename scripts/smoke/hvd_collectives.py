@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Horovod collectives smoke test: exact allreduce (sum and average), broadcast from a non-zero root and allgather
+with uneven first dimensions, checked against closed-form expected values on every rank.
+
+Run with 2 or more ranks, e.g.:
+    horovodrun -np 2 python hvd_collectives.py            # MPI controller when Horovod has it
+    horovodrun -np 2 --gloo python hvd_collectives.py     # Gloo controller
+    mpirun -np 2 python hvd_collectives.py
+
+Every rank prints one JSON line (prefix "RESULT ") with the checksums it saw; the exit status is non-zero when any
+value differs from the expected one.
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+
+DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32}
+
+
+def contribution(n, rank, dtype):
+    # Values stay small integers so that every dtype, float16 included, represents sums and averages exactly:
+    # rank r sends 2*(r+1)*(i % 7); the sum over N ranks is (i % 7)*N*(N+1), the average (i % 7)*(N+1).
+    pattern = np.arange(n) % 7
+    return tf.constant(2 * (rank + 1) * pattern, dtype=dtype), pattern
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--sizes", default="1,1023,65536,1048576", help="tensor lengths (elements), comma-separated")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="dtypes, comma-separated")
+    parser.add_argument("--min-ranks", type=int, default=2,
+                        help="fail when fewer ranks take part (the hvd.size()==1 trap of a mismatched launcher)")
+    args = parser.parse_args()
+
+    hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
+    size, rank = hvd.size(), hvd.rank()
+    failures = []
+    result = {"rank": rank, "size": size, "local_size": hvd.local_size(),
+              "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "unknown",
+              "allreduce": {}, "broadcast": None, "allgather": None}
+    if size < args.min_ranks:
+        failures.append(f"only {size} rank(s) joined, expected at least {args.min_ranks}")
+
+    for dtype_name in args.dtypes.split(","):
+        dtype = DTYPES[dtype_name]
+        for n in (int(s) for s in args.sizes.split(",")):
+            tensor, pattern = contribution(n, rank, dtype)
+            for op_name, op, expected in (("sum", hvd.Sum, pattern * size * (size + 1)),
+                                          ("average", hvd.Average, pattern * (size + 1))):
+                # Horovod: the collective under test.
+                reduced = hvd.allreduce(tensor, op=op, name=f"allreduce.{op_name}.{dtype_name}.{n}").numpy()
+                exact = bool(np.array_equal(reduced.astype(np.float64), expected.astype(np.float64)))
+                result["allreduce"][f"{op_name}/{dtype_name}/{n}"] = float(reduced.astype(np.float64).sum())
+                if not exact:
+                    failures.append(f"allreduce {op_name} {dtype_name} n={n} is not exact")
+
+    root = size - 1  # a non-zero root whenever there are 2+ ranks
+    mine = tf.fill([5], tf.constant(float(rank + 1), tf.float32))
+    received = hvd.broadcast(mine, root_rank=root, name="broadcast").numpy()  # Horovod: root's values everywhere.
+    result["broadcast"] = {"root": root, "values": received.tolist()}
+    if not np.all(received == root + 1):
+        failures.append(f"broadcast from root {root} gave {received.tolist()}")
+
+    block = tf.fill([rank + 1, 3], tf.constant(rank, tf.int32))  # rank r sends r+1 rows: uneven first dimensions
+    gathered = hvd.allgather(block, name="allgather").numpy()  # Horovod: rows of every rank, in rank order.
+    expected_rows = np.concatenate([np.full((r + 1, 3), r) for r in range(size)])
+    result["allgather"] = {"shape": list(gathered.shape), "first_column": gathered[:, 0].tolist()}
+    if not np.array_equal(gathered, expected_rows):
+        failures.append(f"allgather gave shape {gathered.shape}, expected {expected_rows.shape}")
+
+    result["failures"] = failures
+    print("RESULT " + json.dumps(result), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

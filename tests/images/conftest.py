@@ -1,0 +1,96 @@
+"""Image tests, inherited down the stack: the tests in tests/images/<layer>/ run on that layer's image and on every
+image built on top of it (containers/layers.toml), so what holds for `mpi` is checked on tensorflow, horovod and app.
+
+Each test module gets one container per image (started with the docker SDK, always removed) and a testinfra host on
+it. Images below the app layer get the repository's scripts/ mounted read-only where the app layer ships them.
+"""
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfhpc.manifest import Manifest  # noqa: E402
+
+MANIFEST = Manifest()
+CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
+                         os.environ.get("MPI") or None)
+SCRIPTS = "/opt/tfhpc/scripts"
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.image)
+
+
+def pytest_generate_tests(metafunc):
+    if "image_layer" in metafunc.fixturenames:
+        layer = Path(metafunc.definition.fspath).parent.name  # tests/images/<layer>/test_*.py
+        metafunc.parametrize("image_layer", MANIFEST.layers.descendants(layer), scope="module")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from tfhpc.dockerhost import client
+    return client()
+
+
+@pytest.fixture(scope="module")
+def image(image_layer, docker_client):
+    import docker.errors
+    name = CONFIG.image(image_layer)
+    try:
+        docker_client.images.get(name)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"{name} is not built: run `make image` first")
+    return name
+
+
+def start_container(docker_client, image_name, **kwargs):
+    layer = docker_client.images.get(image_name).labels.get("io.tfhpc.layer")
+    volumes = {} if layer == MANIFEST.layers.leaf else {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
+    return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True,
+                                        volumes=volumes, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def container(docker_client, image):
+    running = start_container(docker_client, image)
+    try:
+        yield running
+    finally:
+        running.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def host(container):
+    import testinfra
+    return testinfra.get_host(f"docker://{container.id}")
+
+
+@pytest.fixture(scope="module")
+def root_host(container):
+    """The same container, as root: for looking at files the runtime user cannot read."""
+    import testinfra
+    return testinfra.get_host(f"docker://root@{container.id}")
+
+
+def run_ranks(host, command, ranks=2):
+    """Run a multi-rank command; return the parsed RESULT lines, one per rank, sorted by rank."""
+    result = host.run(command)
+    lines = [line[len("RESULT "):] for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    assert result.rc == 0, f"{command} exited {result.rc}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{result.stdout}"
+    return reports
+
+
+def script(relative_path):
+    return shlex.quote(f"{SCRIPTS}/{relative_path}")

@@ -1,0 +1,54 @@
+"""Checks and 2-rank smoke tests of the horovod layer, run on horovod and every image built on it."""
+import numpy as np
+import pytest
+
+from conftest import CONFIG, run_ranks, script
+
+SIZES = (1, 1023, 65536, 1048576)
+DTYPES = ("float16", "float32", "float64", "int32")
+
+
+def test_check_build_shows_tensorflow_mpi_and_gloo(host, image_layer):
+    out = host.check_output("horovodrun --check-build")
+    assert f"Horovod v{CONFIG.versions['horovod']}" in out
+    for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
+        assert line in out, out
+    assert host.check_output("python -c 'import horovod; print(horovod.__version__)'") == CONFIG.versions["horovod"]
+
+
+def expected_checksums(size):
+    """What hvd_collectives.py must report, derived here independently of the script."""
+    checksums = {}
+    for n in SIZES:
+        pattern_sum = float(np.sum(np.arange(n) % 7))
+        for dtype in DTYPES:
+            checksums[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
+            checksums[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
+    return checksums
+
+
+@pytest.mark.parametrize("launcher, controller", [
+    ("horovodrun -np 2 --mpi", "mpi"),
+    ("horovodrun -np 2 --gloo", "gloo"),
+    ("mpirun -np 2", "mpi"),
+])
+def test_two_rank_collectives_exact(host, image_layer, launcher, controller):
+    reports = run_ranks(host, f"{launcher} python {script('smoke/hvd_collectives.py')}")
+    for report in reports:
+        assert report["size"] == 2 and report["controller"] == controller
+        assert report["allreduce"] == expected_checksums(2)
+        assert report["broadcast"] == {"root": 1, "values": [2.0] * 5}
+        assert report["allgather"] == {"shape": [3, 3], "first_column": [0, 1, 1]}
+        assert report["failures"] == []
+
+
+def test_two_rank_keras_training(host, image_layer):
+    reports = run_ranks(host, f"horovodrun -np 2 python {script('smoke/hvd_keras_train.py')} --epochs 4")
+    for report in reports:
+        assert report["size"] == 2
+        assert report["losses"][-1] < 0.5 * report["losses"][0], report["losses"]
+        assert report["max_weight_difference_across_ranks"] == 0.0
+        assert report["accuracy"] > 0.9
+        assert report["keras_package"] == ("tf_keras" if "tf_keras" in CONFIG.versions else "keras")
+    assert reports[0]["weights_sum"] == reports[1]["weights_sum"]
+    assert reports[0]["losses"] == reports[1]["losses"], "MetricAverageCallback must give every rank the same loss"

@@ -1,0 +1,27 @@
+"""Checks of the tensorflow layer, run on tensorflow and every image built on it."""
+import json
+
+from conftest import CONFIG
+
+PROBE = ("import json, tensorflow as tf; m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]); "
+         "print(json.dumps({'tf': tf.__version__, 'keras_package': type(m).__module__.split('.')[0], "
+         "'keras_version': tf.keras.__version__ if hasattr(tf.keras, '__version__') else '', "
+         "'cuda': tf.test.is_built_with_cuda(), 'sum': float(tf.reduce_sum(tf.range(10.0)))}))")
+
+
+def test_tensorflow_version_and_keras(host, image_layer):
+    report = json.loads(host.check_output(f'python -c "{PROBE}"').splitlines()[-1])
+    assert report["tf"] == CONFIG.versions["tensorflow"]
+    assert report["sum"] == 45.0
+    if "tf_keras" in CONFIG.versions:
+        # TF >= 2.16: tf.keras must be Keras 2 from tf_keras (TF_USE_LEGACY_KERAS=1), at the pinned version
+        assert report["keras_package"] == "tf_keras"
+        assert report["keras_version"] == CONFIG.versions["tf_keras"]
+    else:
+        assert report["keras_package"] == "keras" and report["keras_version"].startswith("2.")
+    assert report["cuda"] is (CONFIG.flavor == "gpu")
+
+
+def test_tensorflow_distribution_matches_flavor(host, image_layer):
+    packages = {p.lower() for p in host.pip.get_packages(pip_path="/opt/venv/bin/pip")}
+    assert CONFIG.tensorflow_package in packages

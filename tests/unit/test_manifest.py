@@ -1,0 +1,102 @@
+"""The versions manifest and the stack's shape: reading, derivation of names, tags, build args and labels."""
+import textwrap
+
+import pytest
+
+from tfhpc import UserError
+from tfhpc.manifest import Layers, Manifest, upstream_version
+
+
+def test_layers_in_build_order_with_parents_first(manifest):
+    names = manifest.layers.names
+    for layer in manifest.layers.layers:
+        if layer.parent:
+            assert names.index(layer.parent) < names.index(layer.name)
+    assert manifest.layers.chain("horovod") == ["base", "mpi", "tensorflow", "horovod"]
+    assert manifest.layers.descendants("tensorflow") == ["tensorflow", "horovod", "app"]
+    assert manifest.layers.leaf == "app"
+
+
+def test_every_layer_has_a_dockerfile_taking_its_parent_as_base_image(manifest):
+    from tfhpc import REPO_ROOT
+    for name in manifest.layers.names:
+        dockerfile = (REPO_ROOT / "containers" / name / "Dockerfile").read_text()
+        assert "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}" in dockerfile, name
+
+
+def test_default_config_is_the_latest_cpu_openmpi_stack(manifest):
+    config = manifest.config()
+    assert (config.stack, config.flavor, config.mpi) == ("latest", "cpu", "openmpi")
+    assert config.tag == "latest-cpu-openmpi"
+    assert config.image("horovod") == "tfhpc-horovod:latest-cpu-openmpi"
+
+
+def test_build_args_carry_the_pins(manifest):
+    args = manifest.config("latest").build_args()
+    data = manifest.data
+    assert args["TENSORFLOW_VERSION"] == data["stacks"]["latest"]["tensorflow"]
+    assert args["HOROVOD_VERSION"] == data["defaults"]["horovod"]
+    assert args["HOROVOD_PATCHES"].split() == data["stacks"]["latest"]["horovod_patches"]
+    assert args["MPI_PACKAGE_VERSION"] == data["os"]["bookworm"]["mpi"]["openmpi"]["package_version"]
+    conservative = manifest.config("conservative").build_args()
+    assert conservative["TF_KERAS_VERSION"] == "" and conservative["HOROVOD_PATCHES"] == ""
+
+
+def test_labels_have_one_version_label_per_component(manifest):
+    config = manifest.config("latest", mpi="mpich")
+    labels = config.labels("mpi")
+    assert labels["io.tfhpc.mpi.version"] == "mpich " + upstream_version(
+        manifest.data["os"]["bookworm"]["mpi"]["mpich"]["package_version"])
+    for component in ("tensorflow", "tf_keras", "horovod", "mpi4py", "python", "os"):
+        assert f"io.tfhpc.{component}.version" in labels
+    assert labels["org.opencontainers.image.title"] == "tfhpc-mpi"
+    assert "io.tfhpc.tf_keras.version" not in manifest.config("conservative").labels("mpi")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"stack": "newest"}, "unknown STACK 'newest': valid values are conservative, latest"),
+    ({"flavor": "tpu"}, "unknown FLAVOR 'tpu': valid values are"),
+    ({"mpi": "mvapich"}, "unknown MPI 'mvapich': valid values are mpich, openmpi"),
+])
+def test_unknown_values_list_the_valid_ones(manifest, kwargs, message):
+    with pytest.raises(UserError, match=message):
+        manifest.config(**kwargs)
+
+
+def test_upstream_version():
+    assert upstream_version("4.1.4-3+b1") == "4.1.4"
+    assert upstream_version("1:2.3-1") == "2.3"
+    assert upstream_version("4.0.2") == "4.0.2"
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_circular_parents_are_refused(tmp_path):
+    path = write(tmp_path, "layers.toml", """
+        [a]
+        parent = ""
+        [b]
+        parent = "c"
+        [c]
+        parent = "b"
+    """)
+    with pytest.raises(UserError, match="b, c have unknown or circular parents"):
+        Layers.load(path)
+
+
+def test_missing_patch_file_is_named(tmp_path, manifest):
+    text = (manifest.path.read_text()
+            .replace('"0003-lr-callback-float-momentum.patch",', '"0004-does-not-exist.patch",'))
+    path = write(tmp_path, "versions.toml", text)
+    with pytest.raises(UserError, match="patch '0004-does-not-exist.patch' of stack 'latest'"):
+        Manifest(path).config("latest")
+
+
+def test_broken_toml_is_one_line(tmp_path):
+    path = write(tmp_path, "versions.toml", "stacks = [\n")
+    with pytest.raises(UserError, match="is not valid TOML"):
+        Manifest(path)

@@ -1,0 +1,33 @@
+"""No version is written twice: every pin of versions.toml appears in no other file that builds or runs images
+(Dockerfiles, build helpers, scripts, the tooling, the Makefile, CI pipelines, recipes)."""
+import re
+
+from tfhpc import REPO_ROOT
+
+CHECKED = ["Makefile", ".ci/run", "containers/**/*", "scripts/**/*",
+           "tfhpc/*.py", "ci/**/*", "recipes/**/*"]
+
+
+def pins(manifest):
+    data = manifest.data
+    found = set()
+    for table in [data["defaults"], *data["stacks"].values()]:
+        found.update(v for k, v in table.items() if isinstance(v, str) and re.fullmatch(r"[\d.]+", v) and k != "os")
+    for os_table in data["os"].values():
+        found.update(mpi["package_version"] for mpi in os_table["mpi"].values())
+    return found
+
+
+def test_pins_are_written_only_in_the_manifest(manifest):
+    versions = pins(manifest)
+    assert "2.21.0" in versions and "0.28.1" in versions  # the check looks for real pins
+    offenders = []
+    for pattern in CHECKED:
+        for path in REPO_ROOT.glob(pattern):
+            if not path.is_file() or path.suffix == ".patch" or "__pycache__" in path.parts:
+                continue
+            text = path.read_text(errors="replace")
+            for version in versions:
+                if re.search(rf"(?<![\d.]){re.escape(version)}(?![\d.])", text):
+                    offenders.append(f"{path.relative_to(REPO_ROOT)}: {version}")
+    assert not offenders, "versions written outside versions.toml: " + ", ".join(offenders)

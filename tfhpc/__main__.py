@@ -1,0 +1,90 @@
+"""tfhpc command line (the Makefile's back end): python3 -m tfhpc COMMAND [options].
+
+Options default to the environment variables the Makefile exports (STACK, FLAVOR, MPI, BASE_SOURCE, CA_BUNDLE,
+PIP_INDEX_URL), so `make image MPI=mpich` and `STACK=conservative python3 -m tfhpc build` mean the same.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import UserError
+from .manifest import Manifest
+
+
+def _default_ca_bundle() -> str:
+    """CA_BUNDLE, else the bundle this host's pip or TLS clients are told to use (a proxying site sets one)."""
+    for variable in ("CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(variable):
+            return os.environ[variable]
+    return "none"
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", default=os.environ.get("STACK") or None, help="versions.toml stack")
+    parser.add_argument("--flavor", default=os.environ.get("FLAVOR") or None, help="cpu or gpu")
+    parser.add_argument("--mpi", default=os.environ.get("MPI") or None, help="openmpi or mpich")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfhpc", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="build a layer and its ancestors, then record build/images.json")
+    _add_config_options(build)
+    build.add_argument("--layer", default=os.environ.get("LAYER") or None, help="last layer to build (default: the leaf)")
+    build.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
+                       help="registry, debootstrap or auto")
+    build.add_argument("--ca-bundle", default=_default_ca_bundle(),
+                       help="PEM bundle for apt/pip during the build only ('none': no bundle)")
+    build.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
+                       help="PyPI mirror for the build (a BuildKit secret: never in a layer)")
+
+    show = commands.add_parser("show", help="print the resolved configuration as JSON")
+    _add_config_options(show)
+
+    name = commands.add_parser("image-name", help="print the image name of a layer")
+    _add_config_options(name)
+    name.add_argument("--layer", default=None)
+
+    commands.add_parser("layers", help="print the layers in build order")
+
+    clean = commands.add_parser("clean", help="remove dangling images and the build cache")
+    clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")
+
+    args = parser.parse_args(argv)
+    try:
+        manifest = Manifest()
+        if args.command == "layers":
+            print(" ".join(manifest.layers.names))
+            return 0
+        if args.command == "clean":
+            from .clean import clean as do_clean
+            do_clean(remove_images=args.all)
+            return 0
+        config = manifest.config(args.stack, args.flavor, args.mpi)
+        if args.command == "show":
+            print(json.dumps({"tag": config.tag, "build_args": config.build_args(),
+                              "images": {layer: config.image(layer) for layer in manifest.layers.names},
+                              "components": config.component_versions()}, indent=2))
+        elif args.command == "image-name":
+            print(config.image(args.layer or manifest.layers.leaf))
+        elif args.command == "build":
+            from .build import build_stack
+            layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
+            for image in build_stack(config, layer, args.base_source, args.ca_bundle, args.pip_index_url):
+                print(image)
+        return 0
+    except UserError as error:
+        print(f"tfhpc: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tfhpc: interrupted: no image was tagged by the interrupted step", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

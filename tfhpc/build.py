@@ -1,0 +1,89 @@
+"""Build the layers of one stack configuration in order, tag each only when its build succeeded, and record
+what every image reports about itself in build/images.json."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import REPO_ROOT, UserError
+from .dockerhost import build_cli, client
+from .manifest import Config, check_base_source
+from .provenance import probe_image, update_images_json
+from .rootimage import log, resolve_root
+
+
+def resolve_ca_bundle(value: str | None) -> Path | None:
+    """CA_BUNDLE: a PEM file handed to apt and pip during the build only; 'none' or empty: no bundle."""
+    if not value or value.lower() == "none":
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file() or path.stat().st_size == 0:
+        raise UserError(f"CA_BUNDLE={value}: no such file or empty: give a PEM bundle's path, or CA_BUNDLE=none")
+    return path.resolve()
+
+
+def _git_revision() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
+                pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None) -> str:
+    """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place."""
+    image = config.image(layer)
+    dockerfile = dockerfile or REPO_ROOT / "containers" / layer / "Dockerfile"
+    with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
+        iidfile = Path(tmp) / "iid"
+        args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
+                "--build-arg", f"BASE_IMAGE={parent_image}"]
+        for key, value in config.build_args().items():
+            args += ["--build-arg", f"{key}={value}"]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        if ca_bundle:
+            args += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
+        if pip_index_url:
+            secret = Path(tmp) / "pip_index_url"
+            secret.write_text(pip_index_url)
+            secret.chmod(0o600)
+            args += ["--secret", f"id=pip_index_url,src={secret}"]
+        log(f"building {image} from {parent_image}")
+        status = build_cli().run([*args, str(REPO_ROOT)])
+        if status != 0 or not iidfile.is_file():
+            raise UserError(f"building layer '{layer}' failed (build log above); {image} was left as it was")
+        image_id = iidfile.read_text().strip()
+    repository, _, tag = image.partition(":")
+    client().images.get(image_id).tag(repository, tag)
+    return image
+
+
+def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | None,
+                pip_index_url: str | None = None) -> list[str]:
+    """Build `target` and its ancestors (root first). Returns the image names built."""
+    check_base_source(base_source)
+    bundle = resolve_ca_bundle(ca_bundle)
+    client()  # fail early, in one line, when the daemon is not there
+    log(f"CA bundle for the build: {bundle or 'none'}")
+    chain = config.layers.chain(target)
+    parent = resolve_root(config, base_source)
+    built = []
+    for layer in chain:
+        labels = config.labels(layer)
+        if layer == config.layers.leaf:
+            # Only the leaf carries per-commit labels: on the layers below they would change the image id at
+            # every commit and void the cache of everything built on top.
+            labels["org.opencontainers.image.revision"] = _git_revision()
+            labels["org.opencontainers.image.created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds")
+        parent = build_layer(config, layer, parent, bundle, pip_index_url, labels)
+        built.append(parent)
+    for image in built:
+        update_images_json(image, probe_image(config, image))
+    return built

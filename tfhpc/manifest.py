@@ -1,0 +1,236 @@
+"""The versions manifest (versions.toml) and the stack's shape (containers/layers.toml).
+
+Everything that names a version or a layer order gets it from here: build arguments, image names and tags,
+labels, the Makefile (through the CLI) and the tests.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import REPO_ROOT, UserError
+
+MANIFEST_PATH = REPO_ROOT / "versions.toml"
+LAYERS_PATH = REPO_ROOT / "containers" / "layers.toml"
+BASE_SOURCES = ("auto", "registry", "debootstrap")
+IMAGE_PREFIX = "tfhpc"
+LABEL_PREFIX = "io.tfhpc"
+
+
+def _load_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: run from a tfhpc checkout") from None
+    except tomllib.TOMLDecodeError as error:
+        raise UserError(f"{path} is not valid TOML ({error}): fix the file") from None
+
+
+def _choose(kind: str, value: str, valid) -> str:
+    valid = sorted(valid)
+    if value not in valid:
+        raise UserError(f"unknown {kind} '{value}': valid values are {', '.join(valid)}")
+    return value
+
+
+def upstream_version(debian_version: str) -> str:
+    """'1:2.3.4-5+b1' -> '2.3.4': the upstream part of a Debian package version."""
+    version = debian_version.split(":", 1)[-1]
+    return version.rsplit("-", 1)[0] if "-" in version else version
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    parent: str
+    summary: str
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The parent map of the stack, in build order (every parent before its children)."""
+
+    layers: tuple[Layer, ...]
+
+    @classmethod
+    def load(cls, path: Path = LAYERS_PATH) -> "Layers":
+        table = _load_toml(path)
+        by_name = {name: Layer(name, spec.get("parent", ""), spec.get("summary", "")) for name, spec in table.items()}
+        ordered: list[Layer] = []
+        while len(ordered) < len(by_name):
+            done = {layer.name for layer in ordered}
+            ready = [l for l in by_name.values() if l.name not in done and (not l.parent or l.parent in done)]
+            if not ready:
+                stuck = sorted(set(by_name) - done)
+                raise UserError(f"{path}: layers {', '.join(stuck)} have unknown or circular parents: fix 'parent'")
+            ordered.extend(ready)
+        roots = [layer.name for layer in ordered if not layer.parent]
+        if len(roots) != 1:
+            raise UserError(f"{path}: exactly one layer must have parent = \"\", found {roots or 'none'}")
+        return cls(tuple(ordered))
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def get(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise UserError(f"unknown layer '{name}': valid values are {', '.join(self.names)}")
+
+    def chain(self, name: str) -> list[str]:
+        """The layers needed to build `name`, root first."""
+        chain = [self.get(name).name]
+        while self.get(chain[-1]).parent:
+            chain.append(self.get(chain[-1]).parent)
+        return chain[::-1]
+
+    def descendants(self, name: str) -> list[str]:
+        """`name` and every layer below it, in build order: the images on which `name`'s tests run."""
+        return [layer.name for layer in self.layers if name in self.chain(layer.name)]
+
+    @property
+    def leaf(self) -> str:
+        parents = {layer.parent for layer in self.layers}
+        leaves = [layer.name for layer in self.layers if layer.name not in parents]
+        return leaves[-1]
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the build matrix (stack x flavour x MPI) with every pin resolved."""
+
+    stack: str
+    flavor: str
+    mpi: str
+    description: str
+    os_release: str
+    os: dict
+    versions: dict  # component -> version string, as pinned
+    horovod_patches: tuple[str, ...]
+    tensorflow_package: str
+    layers: Layers = field(repr=False)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.stack}-{self.flavor}-{self.mpi}"
+
+    def image(self, layer: str) -> str:
+        self.layers.get(layer)
+        return f"{IMAGE_PREFIX}-{layer}:{self.tag}"
+
+    @property
+    def registry_root_image(self) -> str:
+        return self.os["registry_image"]
+
+    @property
+    def debootstrap_root_image(self) -> str:
+        return f"{IMAGE_PREFIX}-root:{self.os['distro']}-{self.os_release}"
+
+    def build_args(self) -> dict[str, str]:
+        """Every pin as a Dockerfile build argument (each Dockerfile declares the ARGs it uses)."""
+        v = self.versions
+        return {
+            "OS_RELEASE": self.os_release,
+            "PYTHON_VERSION": self.os["python"],
+            "APT_MIRROR": self.os["apt_mirror"],
+            "APT_SECURITY_MIRROR": self.os["apt_security_mirror"],
+            "MPI": self.mpi,
+            "MPI_PACKAGE_VERSION": self.os["mpi"][self.mpi]["package_version"],
+            "MPI4PY_VERSION": v["mpi4py"],
+            "TENSORFLOW_PACKAGE": self.tensorflow_package,
+            "TENSORFLOW_VERSION": v["tensorflow"],
+            "TF_KERAS_VERSION": v.get("tf_keras", ""),
+            "HOROVOD_VERSION": v["horovod"],
+            "HOROVOD_PATCHES": " ".join(self.horovod_patches),
+        }
+
+    def component_versions(self) -> dict[str, str]:
+        """Component -> pinned version, as the labels and the tests expect the image to report them."""
+        versions = {
+            "os": f"{self.os['distro']} {self.os['version_id']} ({self.os_release})",
+            "python": self.os["python"],
+            "mpi": f"{self.mpi} {upstream_version(self.os['mpi'][self.mpi]['package_version'])}",
+        }
+        versions.update(self.versions)
+        return versions
+
+    def labels(self, layer: str, revision: str = "", created: str = "") -> dict[str, str]:
+        """OCI labels plus one io.tfhpc.<component>.version label per component (same keys in Docker and SIF)."""
+        labels = {
+            "org.opencontainers.image.title": f"{IMAGE_PREFIX}-{layer}",
+            "org.opencontainers.image.description": self.layers.get(layer).summary,
+            "org.opencontainers.image.version": self.tag,
+            "org.opencontainers.image.licenses": "Apache-2.0",
+            f"{LABEL_PREFIX}.stack": self.stack,
+            f"{LABEL_PREFIX}.flavor": self.flavor,
+            f"{LABEL_PREFIX}.mpi": self.mpi,
+            f"{LABEL_PREFIX}.layer": layer,
+        }
+        if revision:
+            labels["org.opencontainers.image.revision"] = revision
+        if created:
+            labels["org.opencontainers.image.created"] = created
+        if self.horovod_patches:
+            labels[f"{LABEL_PREFIX}.horovod.patches"] = " ".join(self.horovod_patches)
+        for component, version in self.component_versions().items():
+            labels[f"{LABEL_PREFIX}.{component}.version"] = version
+        return labels
+
+
+class Manifest:
+    def __init__(self, path: Path = MANIFEST_PATH, layers_path: Path = LAYERS_PATH):
+        self.path = path
+        self.data = _load_toml(path)
+        self.layers = Layers.load(layers_path)
+
+    @property
+    def stacks(self) -> list[str]:
+        return sorted(self.data.get("stacks", {}))
+
+    @property
+    def flavors(self) -> list[str]:
+        return sorted(self.data.get("flavors", {}))
+
+    def mpis(self, os_release: str | None = None) -> list[str]:
+        os_release = os_release or self.data["defaults"]["os"]
+        return sorted(self.data["os"][os_release].get("mpi", {}))
+
+    def config(self, stack: str | None = None, flavor: str | None = None, mpi: str | None = None) -> Config:
+        stack = _choose("STACK", stack or self.data["default_stack"], self.stacks)
+        flavor = _choose("FLAVOR", flavor or self.data["default_flavor"], self.flavors)
+        spec = {**self.data.get("defaults", {}), **self.data["stacks"][stack]}
+        os_release = spec["os"]
+        if os_release not in self.data.get("os", {}):
+            raise UserError(f"{self.path}: stack '{stack}' names os '{os_release}', which has no [os.{os_release}] table")
+        mpi = _choose("MPI", mpi or self.data["default_mpi"], self.mpis(os_release))
+        for key in ("tensorflow", "horovod", "mpi4py"):
+            if not spec.get(key):
+                raise UserError(f"{self.path}: stack '{stack}' has no '{key}' version: add it")
+        patches = tuple(spec.get("horovod_patches", ()))
+        patch_dir = REPO_ROOT / "containers" / "horovod" / "patches"
+        for patch in patches:
+            if not (patch_dir / patch).is_file():
+                raise UserError(f"{self.path}: patch '{patch}' of stack '{stack}' is not in {patch_dir}: add or unlist it")
+        versions = {key: str(spec[key]) for key in ("tensorflow", "tf_keras", "horovod", "mpi4py") if spec.get(key)}
+        return Config(
+            stack=stack,
+            flavor=flavor,
+            mpi=mpi,
+            description=spec.get("description", ""),
+            os_release=os_release,
+            os=self.data["os"][os_release],
+            versions=versions,
+            horovod_patches=patches,
+            tensorflow_package=self.data["flavors"][flavor]["tensorflow_package"],
+            layers=self.layers,
+        )
+
+
+def check_base_source(value: str) -> str:
+    return _choose("BASE_SOURCE", value, BASE_SOURCES)
+
+

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from . import REPO_ROOT, UserError
@@ -35,9 +35,10 @@ def _git_revision() -> str:
 
 
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
-                pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None) -> str:
+                pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None,
+                image: str | None = None) -> str:
     """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place."""
-    image = config.image(layer)
+    image = image or config.image(layer)
     dockerfile = dockerfile or REPO_ROOT / "containers" / layer / "Dockerfile"
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
@@ -72,9 +73,12 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     client()  # fail early, in one line, when the daemon is not there
     log(f"CA bundle for the build: {bundle or 'none'}")
     chain = config.layers.chain(target)
+    started = time.monotonic()
     parent = resolve_root(config, base_source)
+    timings = {"root": round(time.monotonic() - started, 1)}
     built = []
     for layer in chain:
+        layer_started = time.monotonic()
         labels = config.labels(layer)
         if layer == config.layers.leaf:
             # Only the leaf carries per-commit labels: on the layers below they would change the image id at
@@ -83,7 +87,24 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
             labels["org.opencontainers.image.created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds")
         parent = build_layer(config, layer, parent, bundle, pip_index_url, labels)
+        timings[layer] = round(time.monotonic() - layer_started, 1)
         built.append(parent)
-    for image in built:
-        update_images_json(image, probe_image(config, image))
+    timings["total"] = round(time.monotonic() - started, 1)
+    records = [probe_image(config, image) for image in built]
+    for image, record in zip(built, records):
+        update_images_json(image, record)
+    record_build_benchmark(config, timings, records)
     return built
+
+
+def record_build_benchmark(config: Config, timings: dict, records: list[dict]) -> None:
+    """Append this build's per-layer wall times and image sizes to build/bench/build-times.jsonl: figures for the
+    benchmark report, not for tests (a build is cold or warm depending on the docker cache it found)."""
+    path = REPO_ROOT / "build" / "bench" / "build-times.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "config": config.tag, "seconds": timings,
+             "size_bytes": {r["layer"]: r["size_bytes"] for r in records}}
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+    log("build times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))

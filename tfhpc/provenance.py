@@ -14,13 +14,14 @@ IMAGES_JSON = REPO_ROOT / "build" / "images.json"
 
 # Runs inside the image with its own python3; prints one JSON object. Each probe tolerates the layer lacking it.
 PROBE = r'''
-import json, platform, shutil, subprocess
+import json, platform, re, shutil, subprocess
 from importlib import metadata
 report = {"python": platform.python_version()}
 with open("/etc/os-release") as f:
     osr = dict(line.rstrip().split("=", 1) for line in f if "=" in line)
 report["os"] = "%s %s" % (osr.get("ID"), osr.get("VERSION_ID", "").strip('"'))
-report["packages"] = {d.metadata["Name"].lower(): d.version for d in metadata.distributions()}
+# names in PEP 503 normal form (tf_keras -> tf-keras), as pip and versions.toml's flavours spell them
+report["packages"] = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
 def run(*cmd):
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout.strip()

@@ -85,7 +85,8 @@ def root_host(container):
 def run_ranks(host, command, ranks=2):
     """Run a multi-rank command; return the parsed RESULT lines, one per rank, sorted by rank."""
     result = host.run(command)
-    lines = [line[len("RESULT "):] for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    # horovodrun/mpirun may prefix each line with the rank ("[1,0]<stdout>:"): take what follows "RESULT ".
+    lines = [line.partition("RESULT ")[2] for line in result.stdout.splitlines() if "RESULT {" in line]
     reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
     assert result.rc == 0, f"{command} exited {result.rc}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{result.stdout}"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import CONFIG, MANIFEST, REPO_ROOT
+from conftest import CONFIG, MANIFEST, REPO_ROOT, run_ranks
 from tfhpc.manifest import upstream_version
 
 
@@ -68,3 +68,9 @@ def test_images_json_records_what_each_image_reports(docker_client, layer):
     if "horovod" in chain:
         assert reported["packages"]["horovod"] == CONFIG.versions["horovod"]
         assert "[X] MPI" in reported["horovod_check_build"]
+
+
+def test_shipped_commands_are_on_path_for_launchers(host, image_layer):
+    reports = run_ranks(host, "mpirun -np 2 tfhpc-smoke-collectives --sizes 1,4096 --dtypes float32,int32")
+    assert [r["size"] for r in reports] == [2, 2]
+    assert all(r["allreduce"]["sum/int32/4096"] == float(sum(i % 7 for i in range(4096)) * 6) for r in reports)

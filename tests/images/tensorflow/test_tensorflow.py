@@ -1,11 +1,13 @@
 """Checks of the tensorflow layer, run on tensorflow and every image built on it."""
 import json
+import re
 
 from conftest import CONFIG
 
-PROBE = ("import json, tensorflow as tf; m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]); "
-         "print(json.dumps({'tf': tf.__version__, 'keras_package': type(m).__module__.split('.')[0], "
-         "'keras_version': tf.keras.__version__ if hasattr(tf.keras, '__version__') else '', "
+PROBE = ("import json, importlib, tensorflow as tf; m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]); "
+         "package = type(m).__module__.split('.')[0]; "
+         "print(json.dumps({'tf': tf.__version__, 'keras_package': package, "
+         "'keras_version': importlib.import_module(package).__version__, "
          "'cuda': tf.test.is_built_with_cuda(), 'sum': float(tf.reduce_sum(tf.range(10.0)))}))")
 
 
@@ -23,5 +25,7 @@ def test_tensorflow_version_and_keras(host, image_layer):
 
 
 def test_tensorflow_distribution_matches_flavor(host, image_layer):
-    packages = {p.lower() for p in host.pip.get_packages(pip_path="/opt/venv/bin/pip")}
+    packages = {re.sub(r"[-_.]+", "-", p).lower() for p in host.pip.get_packages(pip_path="/opt/venv/bin/pip")}
     assert CONFIG.tensorflow_package in packages
+    if CONFIG.tensorflow_package != "tensorflow":
+        assert "tensorflow" not in packages, "the full tensorflow wheel must not be installed over " + CONFIG.tensorflow_package

@@ -1,0 +1,56 @@
+"""Build mechanics on a real engine: a failed layer build leaves the previous image and tag untouched, and a CA
+bundle given to the build reaches the RUN steps that need it but no layer, history entry or configuration."""
+import uuid
+
+import pytest
+
+from conftest import CONFIG
+from tfhpc import UserError
+from tfhpc.build import build_layer
+
+SCRATCH_IMAGE = "tfhpc-test-scratch:build-safety"
+
+
+@pytest.fixture
+def base_image(docker_client):
+    import docker.errors
+    try:
+        return docker_client.images.get(CONFIG.image("base"))
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"{CONFIG.image('base')} is not built: run `make image` first")
+
+
+def test_failed_build_keeps_the_previous_image(tmp_path, docker_client, base_image):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo half-way > /tmp/marker && exit 3\n")
+    before = docker_client.images.get(CONFIG.image("base")).id
+    with pytest.raises(UserError, match="building layer 'base' failed .* was left as it was"):
+        build_layer(CONFIG, "base", CONFIG.image("base"), None, None, {}, dockerfile=dockerfile)
+    assert docker_client.images.get(CONFIG.image("base")).id == before
+
+
+def test_ca_bundle_reaches_the_build_but_no_layer(tmp_path, docker_client, base_image):
+    marker = uuid.uuid4().hex.upper()
+    bundle = tmp_path / "proxy-ca.pem"
+    bundle.write_text(f"-----BEGIN CERTIFICATE-----\nTFHPCTEST{marker}\n-----END CERTIFICATE-----\n")
+    index_marker = f"https://user:{marker.lower()}@mirror.invalid/simple"
+    dockerfile = tmp_path / "Dockerfile"
+    # The RUN proves both secrets were mounted (it fails otherwise) through the same helpers the layers use.
+    dockerfile.write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nUSER root\n"
+        "RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url "
+        f"grep -q TFHPCTEST{marker} /run/secrets/ca_bundle && grep -q mirror.invalid /run/secrets/pip_index_url "
+        "&& build-pip --version > /tmp/pip-version\n")
+    try:
+        build_layer(CONFIG, "base", CONFIG.image("base"), bundle, index_marker, {}, dockerfile=dockerfile,
+                    image=SCRATCH_IMAGE)
+        image = docker_client.images.get(SCRATCH_IMAGE)
+        saved = b"".join(image.save(chunk_size=8 << 20))
+        assert marker.encode() not in saved and marker.lower().encode() not in saved
+        history = "\n".join(step.get("CreatedBy", "") for step in image.history())
+        assert "mirror.invalid" not in history and marker not in history
+    finally:
+        try:
+            docker_client.images.remove(SCRATCH_IMAGE, force=True)
+        except Exception:
+            pass

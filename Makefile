@@ -10,13 +10,14 @@ BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $$PIP_CERT etc.)
 PIP_INDEX_URL ?=## PyPI mirror for builds (passed as a BuildKit secret, never stored in a layer)
 LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
+SIGN_KEY ?=##      PEM private key: `make sif` signs the SIF with it (apptainer sign --key)
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER
+export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY
 PYTHON := $(VENV)/bin/python
 
-.PHONY: help venv image test test-unit test-images clean clean-all show
+.PHONY: help venv image sif test test-unit test-images clean clean-all show
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -32,6 +33,9 @@ $(VENV)/.installed: requirements.txt
 
 image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> app) and write build/images.json
 	$(PYTHON) -m tfhpc build
+
+sif: image ## convert the image (LAYER, default app) into build/sif/*.sif (apptainer on the host or in a helper)
+	$(PYTHON) -m tfhpc sif
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

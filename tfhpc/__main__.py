@@ -43,6 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
                        help="PyPI mirror for the build (a BuildKit secret: never in a layer)")
 
+    sif = commands.add_parser("sif", help="convert a built image into a SIF under build/sif/")
+    _add_config_options(sif)
+    sif.add_argument("--layer", default=os.environ.get("LAYER") or None, help="image to convert (default: the leaf)")
+    sif.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
+                     help="root of the apptainer helper image, when the host has no apptainer")
+    sif.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for the helper image's build")
+    sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
+                     help="PEM private key: sign the SIF with it (apptainer sign --key)")
+
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
 
@@ -72,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
                               "components": config.component_versions()}, indent=2))
         elif args.command == "image-name":
             print(config.image(args.layer or manifest.layers.leaf))
+        elif args.command == "sif":
+            from pathlib import Path
+            from .build import resolve_ca_bundle
+            from .sif import build_sif
+            layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
+            key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
+            print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
         elif args.command == "build":
             from .build import build_stack
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

@@ -36,7 +36,7 @@ def _git_revision() -> str:
 
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
                 pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None,
-                image: str | None = None) -> str:
+                image: str | None = None, extra_args: dict[str, str] | None = None) -> str:
     """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place."""
     image = image or config.image(layer)
     dockerfile = dockerfile or REPO_ROOT / "containers" / layer / "Dockerfile"
@@ -44,7 +44,7 @@ def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path |
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
                 "--build-arg", f"BASE_IMAGE={parent_image}"]
-        for key, value in config.build_args().items():
+        for key, value in {**config.build_args(), **(extra_args or {})}.items():
             args += ["--build-arg", f"{key}={value}"]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]

@@ -1,5 +1,6 @@
 """Build mechanics on a real engine: a failed layer build leaves the previous image and tag untouched, and a CA
 bundle given to the build reaches the RUN steps that need it but no layer, history entry or configuration."""
+import hashlib
 import uuid
 
 import pytest
@@ -9,6 +10,10 @@ from tfhpc import UserError
 from tfhpc.build import build_layer
 
 SCRATCH_IMAGE = "tfhpc-test-scratch:build-safety"
+
+
+def sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -34,12 +39,16 @@ def test_ca_bundle_reaches_the_build_but_no_layer(tmp_path, docker_client, base_
     bundle = tmp_path / "proxy-ca.pem"
     bundle.write_text(f"-----BEGIN CERTIFICATE-----\nTFHPCTEST{marker}\n-----END CERTIFICATE-----\n")
     index_marker = f"https://user:{marker.lower()}@mirror.invalid/simple"
+    index_file = tmp_path / "index"
+    index_file.write_text(index_marker)
     dockerfile = tmp_path / "Dockerfile"
-    # The RUN proves both secrets were mounted (it fails otherwise) through the same helpers the layers use.
+    # The RUN proves that both secrets were mounted, byte for byte (it fails otherwise), through the helpers the
+    # layers use, while naming only their checksums (which reveal nothing).
     dockerfile.write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nUSER root\n"
         "RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url "
-        f"grep -q TFHPCTEST{marker} /run/secrets/ca_bundle && grep -q mirror.invalid /run/secrets/pip_index_url "
+        f"echo '{sha256(bundle)}  /run/secrets/ca_bundle' | sha256sum -c - "
+        f"&& echo '{sha256(index_file)}  /run/secrets/pip_index_url' | sha256sum -c - "
         "&& build-pip --version > /tmp/pip-version\n")
     try:
         build_layer(CONFIG, "base", CONFIG.image("base"), bundle, index_marker, {}, dockerfile=dockerfile,

@@ -1,0 +1,61 @@
+"""SIF tests: the app image's SIF, used the way HPC users do, as a non-root user with apptainer.
+
+Where the host has no apptainer, the tests run it in the SIF builder helper container (recipes/builder), started
+with FUSE and user-namespace permissions, the SIF directory mounted, commands run as the unprivileged user tfhpc.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfhpc.manifest import Manifest  # noqa: E402
+from tfhpc.sif import HELPER_RUN_OPTIONS, SIF_DIR, sif_path  # noqa: E402
+
+MANIFEST = Manifest()
+CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
+                         os.environ.get("MPI") or None)
+LEAF = MANIFEST.layers.leaf
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.sif)
+
+
+@pytest.fixture(scope="session")
+def sif():
+    path = sif_path(CONFIG, LEAF)
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make sif` first")
+    return path
+
+
+@pytest.fixture(scope="session")
+def apptainer_container(sif):
+    from tfhpc.dockerhost import client
+    version = MANIFEST.data["sif"]["apptainer_package_version"].replace("+", "_")
+    container = client().containers.run(
+        f"tfhpc-sif-builder:{version}", ["sleep", "infinity"], detach=True,
+        volumes={str(SIF_DIR): {"bind": "/sif", "mode": "ro"}}, **HELPER_RUN_OPTIONS)
+    try:
+        yield container
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def user_host(apptainer_container):
+    """testinfra host: the helper container, as the unprivileged user tfhpc (uid 1000)."""
+    import testinfra
+    return testinfra.get_host(f"docker://tfhpc@{apptainer_container.id}")
+
+
+@pytest.fixture(scope="session")
+def in_sif(sif):
+    return f"/sif/{sif.name}"

@@ -1,0 +1,144 @@
+"""The app SIF as users run it: `apptainer exec/run/test/inspect` as a non-root user, values checked."""
+import json
+import re
+
+import pytest
+
+from conftest import CONFIG, REPO_ROOT
+from tfhpc.manifest import upstream_version
+
+
+def results(output, ranks):
+    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
+    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == list(range(ranks)), output
+    return reports
+
+
+def check_collectives(reports, size=2):
+    for report in reports:
+        assert report["size"] == size and report["failures"] == []
+        assert report["allreduce"]["sum/float32/4096"] == float(sum(i % 7 for i in range(4096)) * size * (size + 1))
+        assert report["broadcast"]["values"] == [float(size)] * 5
+
+
+def test_runs_as_non_root_user(user_host):
+    assert user_host.check_output("id -u") == "1000"
+
+
+def test_python_imports_and_versions(user_host, in_sif):
+    out = user_host.check_output(
+        f"apptainer exec {in_sif} python -c 'import json, tensorflow as tf, horovod, mpi4py; "
+        f"print(json.dumps([tf.__version__, horovod.__version__, mpi4py.__version__]))'")
+    assert json.loads(out.splitlines()[-1]) == [CONFIG.versions["tensorflow"], CONFIG.versions["horovod"],
+                                                CONFIG.versions["mpi4py"]]
+
+
+def test_horovod_check_build(user_host, in_sif):
+    out = user_host.check_output(f"apptainer exec {in_sif} horovodrun --check-build")
+    for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
+        assert line in out
+
+
+def test_two_ranks_with_the_images_mpirun(user_host, in_sif):
+    out = user_host.check_output(f"apptainer exec {in_sif} mpirun -np 2 tfhpc-smoke-collectives "
+                                 "--sizes 1,4096 --dtypes float32,int32")
+    check_collectives(results(out, 2))
+
+
+def test_two_ranks_over_gloo(user_host, in_sif):
+    out = user_host.check_output(f"apptainer exec {in_sif} horovodrun -np 2 --gloo tfhpc-smoke-collectives "
+                                 "--sizes 1,4096 --dtypes float32,int32")
+    check_collectives(results(out, 2))
+
+
+def test_apptainer_test_runs_the_smoke_test(user_host, in_sif):
+    result = user_host.run(f"apptainer test {in_sif}")
+    assert result.rc == 0, result.stderr[-2000:]
+    check_collectives(results(result.stdout, 2))
+
+
+def test_inspect_shows_component_versions(user_host, in_sif):
+    labels = json.loads(user_host.check_output(f"apptainer inspect --json --labels {in_sif}"))
+    labels = labels["data"]["attributes"]["labels"]
+    for key, value in CONFIG.labels("app").items():
+        assert labels.get(key) == value, key
+    assert labels["io.tfhpc.tensorflow.version"] == CONFIG.versions["tensorflow"]
+
+
+def test_run_help_and_apps(user_host, in_sif):
+    helptext = user_host.check_output(f"apptainer run-help {in_sif}")
+    assert "srun" in helptext and "mpirun -np 2" in helptext and CONFIG.versions["horovod"] in helptext
+    import tomllib
+    with (REPO_ROOT / "scripts" / "entrypoints.toml").open("rb") as handle:
+        entrypoints = tomllib.load(handle)
+    apps = user_host.check_output(f"apptainer inspect --list-apps {in_sif}").split()
+    assert sorted(apps) == sorted(entrypoints)
+    for name in entrypoints:
+        assert entrypoints[name]["help"][:40] in user_host.check_output(f"apptainer run-help --app {name} {in_sif}")
+
+
+def test_every_app_runs(user_host, in_sif):
+    out = user_host.check_output(f"apptainer run --app info {in_sif}")
+    assert re.search(rf"horovod\s+{re.escape(CONFIG.versions['horovod'])}", out)
+    out = user_host.check_output(f"apptainer run --app smoke-collectives {in_sif} --min-ranks 1 --sizes 1,4096 "
+                                 "--dtypes float32")
+    check_collectives(results(out, 1), size=1)
+    out = user_host.check_output(f"apptainer run --app smoke-train {in_sif} --min-ranks 1 --epochs 3")
+    report = results(out, 1)[0]
+    assert report["losses"][-1] < 0.5 * report["losses"][0]
+
+
+def test_runscript_without_arguments_prints_info(user_host, in_sif):
+    out = user_host.check_output(f"apptainer run {in_sif}")
+    assert "commands" in out and upstream_version(CONFIG.os["mpi"][CONFIG.mpi]["package_version"]) in out
+
+
+def test_users_own_script_bind_mounted(user_host, in_sif):
+    script = ("import horovod.tensorflow as hvd, tensorflow as tf, json; hvd.init(); "
+              "s = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum).numpy()[0]; "
+              "print('RESULT ' + json.dumps({'rank': hvd.rank(), 'size': hvd.size(), 'sum': float(s)}))")
+    user_host.check_output(f"mkdir -p /tmp/userjob && printf '%s\\n' \"{script}\" > /tmp/userjob/mine.py")
+    out = user_host.check_output(f"apptainer exec -B /tmp/userjob:/job {in_sif} mpirun -np 2 python /job/mine.py")
+    assert [(r["size"], r["sum"]) for r in results(out, 2)] == [(2, 3.0), (2, 3.0)]
+
+
+def test_image_is_read_only(user_host, in_sif):
+    assert user_host.run(f"apptainer exec {in_sif} touch /opt/tfhpc/scripts/new-file").rc != 0
+    assert user_host.run(f"apptainer exec {in_sif} touch /opt/venv/new-file").rc != 0
+
+
+def test_ready_for_nv(user_host, in_sif):
+    found = user_host.check_output(
+        f"apptainer exec {in_sif} sh -c \"find / -xdev \\( -name 'libcuda.so*' -o -name 'libnvidia-*' \\) "
+        f"2>/dev/null | head\"")
+    assert found == "", f"driver libraries must come from --nv, found: {found}"
+    environment = user_host.check_output(f"apptainer exec {in_sif} env")
+    ld_path = [line for line in environment.splitlines() if line.startswith("LD_LIBRARY_PATH=")]
+    assert not ld_path or "/.singularity.d/libs" in ld_path[0], ld_path
+    definition = user_host.check_output(f"apptainer inspect --deffile {in_sif}")
+    assert "LD_LIBRARY_PATH=" not in definition
+
+
+@pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")
+def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
+    """mpirun outside, apptainer inside: needs an outer Open MPI of the image's version (README: when it works)."""
+    if not user_host.exists("mpirun"):
+        pytest.fail("the SIF helper image lacks the outer Open MPI (recipes/builder/Dockerfile)")
+    out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} tfhpc-smoke-collectives "
+                                 "--sizes 1,4096 --dtypes float32,int32")
+    check_collectives(results(out, 2))
+
+
+def test_signed_sif_verifies_only_with_its_key(user_host, in_sif, apptainer_container):
+    """Sign a copy with a throwaway key (the `apptainer sign --key` that `make sif SIGN_KEY=...` runs); it verifies
+    with its public key only."""
+    user_host.check_output("cd /tmp && openssl genpkey -algorithm RSA -out k1.pem -pkeyopt rsa_keygen_bits:2048 "
+                           "&& openssl pkey -in k1.pem -pubout -out k1.pub "
+                           "&& openssl genpkey -algorithm RSA -out k2.pem && openssl pkey -in k2.pem -pubout -out k2.pub"
+                           f" && cp {in_sif} /tmp/copy.sif")
+    assert user_host.run("apptainer verify --key /tmp/k1.pub /tmp/copy.sif").rc != 0  # unsigned
+    user_host.check_output("apptainer sign --key /tmp/k1.pem /tmp/copy.sif")
+    assert user_host.run("apptainer verify --key /tmp/k1.pub /tmp/copy.sif").rc == 0
+    assert user_host.run("apptainer verify --key /tmp/k2.pub /tmp/copy.sif").rc != 0
+    user_host.check_output("rm -f /tmp/copy.sif")

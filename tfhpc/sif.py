@@ -1,0 +1,142 @@
+"""make sif: convert a built Docker image into a SIF with apptainer (or singularity).
+
+The host's apptainer/singularity is used when there is one; otherwise a helper container built from
+recipes/builder/Dockerfile carries Debian sid's apptainer. The SIF is written under a temporary name in build/sif/
+and renamed when complete, so an interrupted conversion neither leaves a truncated SIF nor replaces a good one.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from . import REPO_ROOT, UserError
+from .build import build_layer
+from .dockerhost import client
+from .manifest import Config, Manifest
+from .provenance import update_images_json
+from .rootimage import log, resolve_root
+
+SIF_DIR = REPO_ROOT / "build" / "sif"
+TEMPLATE = REPO_ROOT / "recipes" / "app.def.in"
+ENTRYPOINTS = REPO_ROOT / "scripts" / "entrypoints.toml"
+# What the helper container needs to build and run SIFs here: FUSE mounts of the SIF's squashfs and user
+# namespaces, without --privileged (which this kind of host refuses).
+HELPER_RUN_OPTIONS = dict(cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], devices=["/dev/fuse:/dev/fuse:rwm"],
+                          security_opt=["seccomp=unconfined", "apparmor=unconfined"])
+
+
+def sif_path(config: Config, layer: str) -> Path:
+    return SIF_DIR / f"tfhpc-{layer}_{config.tag}.sif"
+
+
+def render_definition(config: Config, layer: str, archive: str) -> str:
+    labels = config.labels(layer)
+    with ENTRYPOINTS.open("rb") as handle:
+        entrypoints = tomllib.load(handle)
+    apps = []
+    for name, spec in entrypoints.items():
+        apps.append(f"%apprun {name}\n    exec /usr/local/bin/tfhpc-{name} \"$@\"\n\n"
+                    f"%apphelp {name}\n    {spec['help']}\n")
+    components = ", ".join(f"{k} {v}" for k, v in config.component_versions().items())
+    replacements = {
+        "@FROM@": archive,
+        "@LABELS@": "\n".join(f"    {key} {value}" for key, value in labels.items()),
+        "@TITLE@": labels["org.opencontainers.image.title"],
+        "@VERSION@": labels["org.opencontainers.image.version"],
+        "@COMPONENTS@": components,
+        "@APPS@": "\n".join(apps),
+    }
+    text = TEMPLATE.read_text()
+    for key, value in replacements.items():
+        text = text.replace(key, value)
+    return text
+
+
+def host_apptainer() -> str | None:
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def builder_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
+    """The helper image with apptainer, built once per apptainer version (BuildKit cache does the rest)."""
+    version = manifest.data["sif"]["apptainer_package_version"]
+    name = f"tfhpc-sif-builder:{version.replace('+', '_')}"
+    root = resolve_root(config, base_source)
+    dockerfile = REPO_ROOT / "recipes" / "builder" / "Dockerfile"
+    args = {"APPTAINER_PACKAGE_VERSION": version,
+            "OUTER_OPENMPI_VERSION": config.os["mpi"]["openmpi"]["package_version"]}
+    return build_layer(config, "base", root, ca_bundle, None, {}, dockerfile=dockerfile, image=name,
+                       extra_args=args)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_apptainer(helper: str | None, workdir: Path, args: list[str]) -> None:
+    """Run `apptainer ARGS` on the host, or in the helper container with `workdir` mounted at the same path."""
+    if helper is None:
+        status = subprocess.call([host_apptainer(), *args], env={**os.environ, "APPTAINER_TMPDIR": str(workdir)})
+        if status != 0:
+            raise UserError(f"apptainer {args[0]} failed (exit {status}, output above)")
+        return
+    container = client().containers.run(
+        helper, ["apptainer", *args], detach=True, environment={"APPTAINER_TMPDIR": str(workdir)},
+        volumes={str(workdir): {"bind": str(workdir), "mode": "rw"}}, **HELPER_RUN_OPTIONS)
+    try:
+        for chunk in container.logs(stream=True, follow=True):
+            os.write(2, chunk)
+        status = container.wait()["StatusCode"]
+    finally:
+        container.remove(force=True)
+    if status != 0:
+        raise UserError(f"apptainer {args[0]} in the helper container failed (exit {status}, output above)")
+
+
+def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: Path | None,
+              sign_key: Path | None = None) -> Path:
+    import docker.errors
+    image = config.image(layer)
+    try:
+        client().images.get(image)
+    except docker.errors.ImageNotFound:
+        raise UserError(f"{image} is not built: run 'make image' first") from None
+    if sign_key is not None and not sign_key.is_file():
+        raise UserError(f"SIGN_KEY={sign_key}: no such file: give a PEM private key (openssl genpkey -algorithm RSA)")
+    helper = None if host_apptainer() else builder_image(manifest, config, base_source, ca_bundle)
+    log(f"converting {image} with {host_apptainer() or 'apptainer in ' + helper}")
+    started = time.monotonic()
+    target = sif_path(config, layer)
+    SIF_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=SIF_DIR, prefix=".convert-") as tmp:
+        workdir = Path(tmp)
+        archive = workdir / "image.tar"
+        with archive.open("wb") as handle:
+            for chunk in client().images.get(image).save(chunk_size=8 << 20, named=True):
+                handle.write(chunk)
+        definition = workdir / "image.def"
+        definition.write_text(render_definition(config, layer, str(archive)))
+        partial = workdir / "image.sif"
+        run_apptainer(helper, workdir, ["build", "--force", str(partial), str(definition)])
+        archive.unlink()
+        if sign_key is not None:
+            shutil.copy(sign_key, workdir / "sign-key.pem")
+            run_apptainer(helper, workdir, ["sign", "--key", str(workdir / "sign-key.pem"), str(partial)])
+        shutil.copy(definition, target.with_suffix(".def"))
+        os.replace(partial, target)
+    seconds = round(time.monotonic() - started, 1)
+    update_images_json(f"sif:{target.name}", {
+        "path": str(target.relative_to(REPO_ROOT)), "image": image, "size_bytes": target.stat().st_size,
+        "sha256": _sha256(target), "signed": sign_key is not None, "conversion_seconds": seconds,
+        "docker_image_size_bytes": client().images.get(image).attrs["Size"]})
+    log(f"wrote {target} ({target.stat().st_size / 1e9:.2f} GB) in {seconds} s")
+    return target

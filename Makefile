@@ -40,7 +40,7 @@ sif: image ## convert the image (LAYER, default app) into build/sif/*.sif (appta
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show
 
-test: image ## build if needed, then run every test: tooling, each image and its ancestors' tests, smoke tests
+test: sif ## build images and SIF if needed, then run every test: tooling, each image (+ ancestors' tests), SIF
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv ## tooling tests only (no docker needed)

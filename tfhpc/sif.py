@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,10 +26,14 @@ from .rootimage import log, resolve_root
 SIF_DIR = REPO_ROOT / "build" / "sif"
 TEMPLATE = REPO_ROOT / "recipes" / "app.def.in"
 ENTRYPOINTS = REPO_ROOT / "scripts" / "entrypoints.toml"
-# What the helper container needs to build and run SIFs here: FUSE mounts of the SIF's squashfs and user
-# namespaces, without --privileged (which this kind of host refuses).
-HELPER_RUN_OPTIONS = dict(cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], devices=["/dev/fuse:/dev/fuse:rwm"],
+# What the helper container needs to build and run SIFs, without --privileged (which some hosts refuse): FUSE for
+# the SIF's squashfs, user namespaces (seccomp/apparmor unconfined) and an unmasked /proc (the CLI's
+# `--security-opt systempaths=unconfined`), so that an unprivileged user can mount a fresh proc in its namespace.
+# Builds run as that unprivileged user (apptainer then builds with fakeroot): as root, apptainer's build engine asks
+# for every capability the kernel knows, more than docker grants.
+HELPER_HOST_CONFIG = dict(cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], devices=["/dev/fuse:/dev/fuse:rwm"],
                           security_opt=["seccomp=unconfined", "apparmor=unconfined"])
+HELPER_USER = "tfhpc"
 
 
 def sif_path(config: Config, layer: str) -> Path:
@@ -55,6 +60,9 @@ def render_definition(config: Config, layer: str, archive: str) -> str:
     text = TEMPLATE.read_text()
     for key, value in replacements.items():
         text = text.replace(key, value)
+    leftover = re.findall(r"@[A-Z]+@", text)
+    if leftover:
+        raise UserError(f"{TEMPLATE}: unknown placeholders {', '.join(sorted(set(leftover)))}: fix the template")
     return text
 
 
@@ -82,6 +90,22 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def start_helper(image: str, command: list[str], volumes: dict[str, str], user: str = "",
+                 environment: dict | None = None):
+    """Start the apptainer helper container (detached) with the options above; returns the SDK container.
+    `volumes` maps host paths to "container-path" or "container-path:ro"."""
+    api = client().api
+    binds = [f"{src}:{dst}" if dst.endswith((":ro", ":rw")) else f"{src}:{dst}:rw" for src, dst in volumes.items()]
+    host_config = api.create_host_config(binds=binds,
+                                         **HELPER_HOST_CONFIG)
+    host_config["MaskedPaths"] = []  # systempaths=unconfined: the SDK has no keyword for these two
+    host_config["ReadonlyPaths"] = []
+    created = api.create_container(image, command, user=user, environment=environment or {},
+                                   volumes=[dst.split(":")[0] for dst in volumes.values()], host_config=host_config)
+    api.start(created["Id"])
+    return client().containers.get(created["Id"])
+
+
 def run_apptainer(helper: str | None, workdir: Path, args: list[str]) -> None:
     """Run `apptainer ARGS` on the host, or in the helper container with `workdir` mounted at the same path."""
     if helper is None:
@@ -89,9 +113,8 @@ def run_apptainer(helper: str | None, workdir: Path, args: list[str]) -> None:
         if status != 0:
             raise UserError(f"apptainer {args[0]} failed (exit {status}, output above)")
         return
-    container = client().containers.run(
-        helper, ["apptainer", *args], detach=True, environment={"APPTAINER_TMPDIR": str(workdir)},
-        volumes={str(workdir): {"bind": str(workdir), "mode": "rw"}}, **HELPER_RUN_OPTIONS)
+    container = start_helper(helper, ["apptainer", *args], {str(workdir): str(workdir)}, user=HELPER_USER,
+                             environment={"APPTAINER_TMPDIR": str(workdir)})
     try:
         for chunk in container.logs(stream=True, follow=True):
             os.write(2, chunk)
@@ -119,17 +142,23 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     SIF_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=SIF_DIR, prefix=".convert-") as tmp:
         workdir = Path(tmp)
+        if helper is not None:
+            workdir.chmod(0o777)  # the helper's unprivileged user writes here; the directory goes away after
         archive = workdir / "image.tar"
         with archive.open("wb") as handle:
             for chunk in client().images.get(image).save(chunk_size=8 << 20, named=True):
                 handle.write(chunk)
         definition = workdir / "image.def"
         definition.write_text(render_definition(config, layer, str(archive)))
+        for readable in (archive, definition):
+            readable.chmod(0o644)
         partial = workdir / "image.sif"
         run_apptainer(helper, workdir, ["build", "--force", str(partial), str(definition)])
         archive.unlink()
         if sign_key is not None:
             shutil.copy(sign_key, workdir / "sign-key.pem")
+            if helper is not None:
+                shutil.chown(workdir / "sign-key.pem", user=1000, group=1000)  # readable by the helper's user only
             run_apptainer(helper, workdir, ["sign", "--key", str(workdir / "sign-key.pem"), str(partial)])
         shutil.copy(definition, target.with_suffix(".def"))
         os.replace(partial, target)

@@ -37,6 +37,8 @@ NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 FASHION_IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                      "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 LR_SCALING = ("linear", "sqrt", "none")
+UMASK = os.umask(0o022)
+os.umask(UMASK)
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy", "GRPC_PROXY",
                    "all_proxy", "ALL_PROXY")
 
@@ -132,8 +134,8 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
     parser.add_argument("--weights-out", default=None,
                         help="write the final weights to this .npz (rank 0 / chief only, atomically)")
     parser.add_argument("--intra-threads", type=int, default=default_threads(),
-                        help="TensorFlow intra-op threads per rank (0 = TensorFlow's choice); default from "
-                             "OMP_NUM_THREADS or SLURM_CPUS_PER_TASK")
+                        help="TensorFlow intra-op threads per rank; default from OMP_NUM_THREADS or "
+                             "SLURM_CPUS_PER_TASK (seed 001), else (0) the cores divided by the ranks on the node")
     parser.add_argument("--verbose", type=int, default=2, choices=(0, 1, 2), help="Keras verbosity on rank 0")
     return parser
 
@@ -284,38 +286,36 @@ def glyphs(count, seed, size=28):
     labels = np.arange(count) % NUM_CLASSES
     rng.shuffle(labels)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
-    pixels = np.stack([xx.ravel(), yy.ravel()], axis=1)  # (P, 2)
+    px, py = xx.ravel(), yy.ravel()  # (P,)
     images = np.empty((count, size, size), np.uint8)
-    for start in range(0, count, 512):
-        n = min(512, count - start)
+    for start in range(0, count, 256):
+        n = min(256, count - start)
         ends = SEGMENTS[None] + rng.normal(scale=0.05, size=(n, 7, 2, 2))  # jittered stroke ends
-        centred = ends - 0.5
-        shear = rng.uniform(-0.3, 0.3, n)  # slant
-        angle = rng.uniform(-0.2, 0.2, n)
-        scale = rng.uniform(0.7, 1.05, (n, 2)) * (size - 6)
-        x = centred[..., 0] + shear[:, None, None] * centred[..., 1]
-        y = centred[..., 1]
-        cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
-        shift = size / 2 + rng.uniform(-2.5, 2.5, (n, 1, 1, 2))
-        points = np.stack([(cos * x - sin * y) * scale[:, 0, None, None],
-                           (sin * x + cos * y) * scale[:, 1, None, None]], axis=-1) + shift
-        a, b = points[:, :, 0], points[:, :, 1]  # (n, 7, 2)
-        ab = b - a
-        ap = pixels[None, None] - a[:, :, None]  # (n, 7, P, 2)
-        t = np.clip((ap * ab[:, :, None]).sum(-1) / np.maximum((ab * ab).sum(-1), 1e-6)[:, :, None], 0, 1)
-        distance = np.linalg.norm(ap - t[..., None] * ab[:, :, None], axis=-1)  # (n, 7, P)
-        width = rng.uniform(0.8, 1.8, (n, 1, 1))
-        ink = np.clip(width + 0.5 - distance, 0, 1) * LIT[labels[start:start + n]][:, :, None]
-        image = ink.max(axis=1)
-        stray = rng.uniform(0, size, (n, 2, 2))  # one faint stray stroke in some images
-        sa, sab = stray[:, 0], stray[:, 1] - stray[:, 0]
-        sp = pixels[None] - sa[:, None]
-        st = np.clip((sp * sab[:, None]).sum(-1) / np.maximum((sab * sab).sum(-1), 1e-6)[:, None], 0, 1)
-        stray_ink = np.clip(1.2 - np.linalg.norm(sp - st[..., None] * sab[:, None], axis=-1), 0, 1)
+        x, y = ends[..., 0] - 0.5, ends[..., 1] - 0.5
+        x = x + rng.uniform(-0.3, 0.3, (n, 1, 1)) * y  # slant
+        angle = rng.uniform(-0.2, 0.2, (n, 1, 1))
+        scale = rng.uniform(0.7, 1.05, (n, 2, 1, 1)) * (size - 6)
+        shift = size / 2 + rng.uniform(-2.5, 2.5, (n, 2, 1, 1))
+        sx = (np.cos(angle) * x - np.sin(angle) * y) * scale[:, 0] + shift[:, 0]
+        sy = (np.sin(angle) * x + np.cos(angle) * y) * scale[:, 1] + shift[:, 1]
+        width = rng.uniform(0.8, 1.8, (n, 1))
+        ink = _stroke(px, py, sx[:, :, 0], sy[:, :, 0], sx[:, :, 1], sy[:, :, 1], width)  # (n, 7, P)
+        image = (ink * LIT[labels[start:start + n]][:, :, None]).max(axis=1)
+        stray = rng.uniform(0, size, (n, 1, 4)).astype(np.float32)  # a faint stray stroke in some images
+        stray_ink = _stroke(px, py, stray[..., 0], stray[..., 1], stray[..., 2], stray[..., 3], 0.7)[:, 0]
         image = np.maximum(image, stray_ink * 0.6 * (rng.random((n, 1)) < 0.3))
         image = np.clip(image + rng.normal(scale=0.12, size=image.shape), 0, 1)
         images[start:start + n] = (image.reshape(n, size, size) * 255).round().astype(np.uint8)
     return images, labels.astype(np.int32)
+
+
+def _stroke(px, py, ax, ay, bx, by, width):
+    """Anti-aliased ink of line segments a-b (arrays (n, k)) of half-width `width` at pixel centres (P,)."""
+    ax, ay, bx, by = (v.astype(np.float32)[..., None] for v in (ax, ay, bx, by))
+    dx, dy = bx - ax, by - ay
+    t = np.clip(((px - ax) * dx + (py - ay) * dy) / np.maximum(dx * dx + dy * dy, 1e-6), 0, 1)
+    distance = np.hypot(px - ax - t * dx, py - ay - t * dy)
+    return np.clip(np.asarray(width, np.float32)[..., None] + 0.5 - distance, 0, 1)
 
 
 def synthetic(train, test, seed=4321):
@@ -380,13 +380,141 @@ def make_optimizer(tf, args, lr):
     return tf.keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum)
 
 
-def configure_threads(tf, threads):
-    if threads:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
+def configure_threads(tf, threads, local_ranks=1):
+    """Intra-op threads per rank: --intra-threads, else the cores of this process divided by the ranks on the node
+    (TensorFlow's own default takes every core in every rank: N ranks on a node then fight over the cores)."""
+    if not threads:
+        threads = max(1, len(os.sched_getaffinity(0)) // max(1, local_ranks))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    return threads
+
+
+def export_saved_model(model, directory, writer):
+    """SavedModel export (seed 004). Every MWMS worker must take part in the save; the writer saves into a hidden
+    temporary directory that is then renamed to `directory`, the others into a private one that is deleted."""
+    if not writer:
+        scratch = tempfile.mkdtemp(prefix="tfhpc-export-")
+        try:
+            model.save(os.path.join(scratch, "model"), save_format="tf")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return None
+    final = Path(directory).resolve()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        os.chmod(temporary, 0o777 & ~UMASK)
+        model.save(str(temporary), save_format="tf")
+        previous = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            os.rename(final, previous)
+        os.rename(temporary, final)
+        shutil.rmtree(previous, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return str(final)
+
+
+def hvd_evaluate(tf, hvd, model, x, y, batch):
+    """Exact test loss and accuracy over the whole test set with Horovod: each rank evaluates its own shard and the
+    sums are allreduced (averaging per-rank means would weight unequal shards wrongly)."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    totals = np.zeros(3)
+    for images, labels in test_dataset(tf, x, y, batch, shard=(hvd.size(), hvd.rank())):  # Horovod: own shard.
+        logits = model(images, training=False)
+        correct = tf.reduce_sum(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float64))
+        totals += [float(loss_fn(labels, logits)), float(correct), len(labels)]
+    totals = hvd.allreduce(tf.constant(totals), op=hvd.Sum, name="evaluate").numpy()  # Horovod: global sums.
+    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
 
 
 def flat_weights(model):
     return np.concatenate([w.numpy().ravel() for w in model.weights]).astype(np.float64)
+
+
+def keras_callbacks(tf):
+    """Keras callbacks the fit entrypoints share (defined once TensorFlow is imported)."""
+
+    class EpochLog(tf.keras.callbacks.Callback):
+        """Seed 004's PrintLR: the learning rate at the end of each epoch, recorded in the history and printed."""
+
+        def __init__(self, chief):
+            super().__init__()
+            self.chief = chief
+
+        def on_epoch_end(self, epoch, logs=None):
+            lr = float(tf.keras.backend.get_value(self.model.optimizer.learning_rate))
+            if logs is not None:
+                logs["lr_at_end"] = lr
+            log(self.chief, f"learning rate at the end of epoch {epoch + 1}: {lr:.6g}")
+
+    class StepDecay(tf.keras.callbacks.Callback):
+        """Seed 004's decay(): the learning rate divided by 10 at each listed epoch (after any warm-up)."""
+
+        def __init__(self, lr, epochs, warmup=0):
+            super().__init__()
+            self.lr, self.epochs, self.warmup = lr, epochs, warmup
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch >= self.warmup:
+                self.model.optimizer.learning_rate.assign(self.lr * 0.1 ** sum(epoch >= e for e in self.epochs))
+
+    class SaveEachEpoch(tf.keras.callbacks.Callback):
+        """Checkpoints.save after every epoch (participate: non-writers also run the save, see Checkpoints)."""
+
+        def __init__(self, checkpoints, checkpoint, participate=False):
+            super().__init__()
+            self.checkpoints, self.checkpoint, self.participate = checkpoints, checkpoint, participate
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.checkpoints.save(self.checkpoint, epoch + 1, participate=self.participate)
+
+    class EpochScalars(tf.keras.callbacks.Callback):
+        """Epoch metrics as TensorBoard scalars in <log_dir>/train, for images without the tensorboard package
+        (tf.summary needs it): the event file is written directly, as TFRecords of Event protocol buffers."""
+
+        def __init__(self, log_dir):
+            super().__init__()
+            from tensorflow.core.util import event_pb2
+            self.event_pb2 = event_pb2
+            directory = Path(log_dir) / "train"
+            directory.mkdir(parents=True, exist_ok=True)
+            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2"
+            self.writer = tf.io.TFRecordWriter(str(directory / name))
+            self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+        def _write(self, event):
+            self.writer.write(event.SerializeToString())
+            self.writer.flush()
+
+        def on_epoch_end(self, epoch, logs=None):
+            event = self.event_pb2.Event(wall_time=time.time(), step=epoch + 1)
+            for key, value in sorted((logs or {}).items()):
+                event.summary.value.add(tag=f"epoch_{key}", simple_value=float(value))
+            self._write(event)
+
+        def on_train_end(self, logs=None):
+            self.writer.close()
+
+    return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
+                              EpochScalars=EpochScalars)
+
+
+def tensorboard_callback(tf, log_dir):
+    """Keras' TensorBoard callback (seed 002: scalars, graph, histograms) when the tensorboard package is installed,
+    else epoch scalars written without it."""
+    import importlib.util
+    if importlib.util.find_spec("tensorboard"):
+        return tf.keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=1)
+    return keras_callbacks(tf).EpochScalars(log_dir)
+
+
+def parse_epochs(text, flag="--lr-decay-epochs"):
+    try:
+        return sorted({int(e) for e in text.split(",") if e.strip()})
+    except ValueError:
+        fail(f"{flag} {text!r} must be comma-separated epoch numbers, e.g. 3,7")
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
@@ -397,6 +525,7 @@ def atomic_write_bytes(path, data):
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(temporary, 0o666 & ~UMASK)  # mkstemp makes 0600; give the file the mode open() would
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()
@@ -463,6 +592,7 @@ class Checkpoints:
         name = f"epoch-{epoch:04d}"
         temporary = Path(tempfile.mkdtemp(dir=self.directory, prefix=f".{name}.", suffix=".tmp"))
         try:
+            os.chmod(temporary, 0o777 & ~UMASK)
             checkpoint.write(str(temporary / "ckpt"))
             final = self.directory / name
             if final.exists():
@@ -533,6 +663,15 @@ def slurm_port_base(job_id, low=10000, high=20000, stride=32):
     return low + (job_id % blocks) * stride
 
 
+def slurm_max_tasks_per_node():
+    """Largest number of tasks on one node of the step: SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1'."""
+    try:
+        return max(int(t.split("(")[0]) for t in os.environ["SLURM_STEP_TASKS_PER_NODE"].split(","))
+    except ValueError:
+        fail(f"SLURM_STEP_TASKS_PER_NODE={os.environ['SLURM_STEP_TASKS_PER_NODE']!r} is not a Slurm task list "
+             f"such as '2(x3),1': start the workers with srun")
+
+
 def detect_gpus_per_node():
     for name in ("SLURM_GPUS_ON_NODE",):
         if os.environ.get(name, "").isdigit():
@@ -565,13 +704,21 @@ def plan_cluster(args):
         if "TF_CONFIG" not in os.environ:
             fail(f"--cluster tf_config but TF_CONFIG is not set: {TF_CONFIG_EXAMPLE}")
         config = validate_tf_config(os.environ["TF_CONFIG"])
-        plan["workers"] = len(config["cluster"].get("chief", [])) + len(config["cluster"].get("worker", []))
+        cluster, task = config["cluster"], config["task"]
+        addresses = [*cluster.get("chief", []), *cluster.get("worker", [])]
+        plan["workers"] = len(addresses)
+        own_host = cluster[task["type"]][task["index"]].rpartition(":")[0]
+        plan["local_workers"] = sum(a.rpartition(":")[0] == own_host for a in addresses)
     elif source == "slurm":
         missing = [v for v in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
                                "SLURM_STEP_TASKS_PER_NODE") if v not in os.environ]
         if missing:
             fail(f"--cluster slurm needs {', '.join(missing)} from srun: start one task per worker with srun "
                  f"(not sbatch alone), or use --cluster tf_config")
+        plan["local_workers"] = slurm_max_tasks_per_node()
+        if plan["local_workers"] > 32 and args.port_base is None:
+            fail(f"{plan['local_workers']} tasks on one node need more than the 32 ports a job is given: "
+                 f"set --port-base yourself")
         if args.port_base is None:
             job = os.environ.get("SLURM_JOB_ID", "0")
             args.port_base = slurm_port_base(int(job) if job.isdigit() else 0)
@@ -580,6 +727,7 @@ def plan_cluster(args):
         plan["gpus_per_node"] = detect_gpus_per_node() if args.gpus_per_node < 0 else args.gpus_per_node
     else:
         plan["workers"] = 1
+    plan.setdefault("local_workers", 1)
     if args.collective == "nccl" and (plan.get("gpus_per_node", None) == 0 or
                                       (source != "slurm" and detect_gpus_per_node() == 0)):
         fail("--collective nccl needs GPUs and this node has none: use --collective ring (or auto)")
@@ -636,8 +784,7 @@ def make_strategy(tf, args, plan):
         else:
             # TensorFlow's resolver cannot describe CPU-only nodes (it steps through GPUs with a step of 0): take
             # its host list and ports with one dummy GPU per task and hand them on without accelerators.
-            tasks = max(int(t.split("(")[0]) for t in os.environ["SLURM_STEP_TASKS_PER_NODE"].split(","))
-            slurm = resolvers.SlurmClusterResolver(port_base=plan["port_base"], gpus_per_node=tasks,
+            slurm = resolvers.SlurmClusterResolver(port_base=plan["port_base"], gpus_per_node=plan["local_workers"],
                                                    gpus_per_task=1, auto_set_gpu=False)
             spec = slurm.cluster_spec()
             resolver = resolvers.SimpleClusterResolver(spec, task_type=slurm.task_type, task_id=slurm.task_id,

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Data-parallel training with Horovod and a custom training loop (tf.GradientTape in a tf.function).
+
+Horovod's steps, each marked "# Horovod:" below: hvd.init(); one GPU per rank; learning rate scaled with the ranks
+(--lr-scaling) and warmed up; the data sharded per rank and the epoch split across ranks; hvd.DistributedGradientTape
+so that the gradients are averaged by allreduce; rank 0's state broadcast after the first step (the optimizer's slots
+exist only from then on; the weights are also broadcast before it, so that a run whose ranks start differently, e.g.
+resumed from rank 0's checkpoint, computes its first gradients from the same weights); metrics averaged; rank 0 alone
+prints and writes checkpoints.
+
+    horovodrun -np 2 python hvd_custom_loop.py --epochs 3
+    mpirun -np 2 python hvd_custom_loop.py --checkpoint-dir ckpt --resume
+
+Every rank prints one "RESULT {json}" line.
+"""
+import sys
+import time
+
+import numpy as np
+
+import common
+
+
+def main():
+    parser = common.Parser(__doc__.split("\n\n")[0])
+    common.add_training_args(parser, lr=0.05)
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs over which the learning rate rises from lr/size to the scaled one (0 = off)")
+    parser.add_argument("--different-init-per-rank", action="store_true",
+                        help="start every rank from other random weights, to see the broadcast make them agree")
+    args = parser.parse_args()
+    common.check_training_args(args)
+
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
+    rank, size = hvd.rank(), hvd.size()
+    chief = rank == 0  # Horovod: rank 0 alone prints and writes.
+    threads = common.configure_threads(tf, args.intra_threads, hvd.local_size())
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # Horovod: one GPU per rank, chosen by the rank's index on its node.
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+
+    batch = common.per_replica_batch(args, size)
+    (x_train, y_train), (x_test, y_test) = common.load_data(args)
+    steps = common.steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
+    lr = common.scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
+    warmup_steps = int(args.warmup_epochs * steps) if lr != args.lr else 0
+
+    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
+    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    start_epoch = int(hvd.broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
+    if start_epoch >= args.epochs:
+        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+                    f"--epochs above {start_epoch} to train further")
+
+    tf.keras.utils.set_random_seed(args.seed + (rank if args.different_init_per_rank else 0))
+    model = common.build_model(tf, args.model)
+    optimizer = common.make_optimizer(tf, args, lr)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    if resume_from and chief:  # Horovod: rank 0 reads the checkpoint (optimizer slots fill in when created).
+        checkpoint.read(resume_from)
+        common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+    hvd.broadcast_variables(model.variables, root_rank=0)  # Horovod: rank 0's weights before the first step.
+
+    train = common.train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
+                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                                 shard=(size, rank),  # Horovod: each rank reads its own part of the data.
+                                 cache_file=f"{args.cache_dir}/train-rank{rank}" if args.cache_dir else None)
+
+    @tf.function
+    def train_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss = loss_fn(labels, logits)  # the mean over this rank's batch
+        tape = hvd.DistributedGradientTape(tape)  # Horovod: gradients averaged over the ranks.
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        correct = tf.reduce_mean(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float32))
+        return loss, correct
+
+    losses, accuracies, learning_rates = [], [], []
+    started = time.time()
+    iterator = iter(train)
+    for epoch in range(start_epoch, args.epochs):
+        totals = np.zeros(2)
+        for step in range(steps):
+            global_step = epoch * steps + step
+            if global_step < warmup_steps:  # Horovod: warm-up, from lr/size to lr over the first steps.
+                progress = global_step / warmup_steps
+                optimizer.learning_rate.assign(lr * (1.0 / size * (1 - progress) + progress))
+            elif global_step == warmup_steps:
+                optimizer.learning_rate.assign(lr)
+            images, labels = next(iterator)
+            loss, correct = train_step(images, labels)
+            if epoch == start_epoch and step == 0:
+                # Horovod: rank 0's complete state (weights and the optimizer's slots, created by the first step).
+                hvd.broadcast_variables(model.variables, root_rank=0)
+                hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+            totals += [float(loss), float(correct)]
+        means = hvd.allreduce(tf.constant(totals / steps), op=hvd.Average, name=f"epoch{epoch}").numpy()  # Horovod
+        losses.append(float(means[0]))
+        accuracies.append(float(means[1]))
+        learning_rates.append(float(optimizer.learning_rate.numpy()))
+        common.log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {means[0]:.4f}, accuracy {means[1]:.4f}, "
+                          f"lr {learning_rates[-1]:.4g}")
+        if chief:  # Horovod: checkpoints from rank 0 only.
+            checkpoints.save(checkpoint, epoch + 1)
+    seconds = time.time() - started
+
+    test_loss, test_accuracy = common.hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
+    flat = common.flat_weights(model)
+    everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()  # Horovod: every rank's weights, to compare.
+    max_difference = float(np.max(np.abs(everyone - everyone[0])))
+    if chief and args.weights_out:
+        common.save_weights_npz(args.weights_out, model)
+    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+    failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
+    common.report({
+        "rank": rank, "size": size, "script": "hvd_custom_loop", "dataset": args.dataset, "model": args.model,
+        "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
+        "initial_epoch": start_epoch, "epochs": args.epochs, "losses": losses, "accuracies": accuracies,
+        "learning_rates": learning_rates, "test_loss": test_loss, "test_accuracy": test_accuracy,
+        "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),
+        "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
+        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": failures})
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Start N MultiWorkerMirroredStrategy workers on this machine: picks N free localhost ports, gives each worker its
+TF_CONFIG (all workers listed, its own index; worker 0 is the chief) and its share of the cores (OMP_NUM_THREADS),
+prefixes every output line with the worker's index, and stops the others when one fails (they would wait for it in
+the next collective forever).
+
+    python launch_local_mwms.py -n 2 python mwms_keras_fit.py --epochs 2
+    python launch_local_mwms.py -n 2 tfhpc-train-mwms-fit --epochs 2      # in the app image
+
+For several nodes, set TF_CONFIG on each node yourself (see mwms_keras_fit.py --help) or use srun.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import common
+
+
+def main():
+    parser = common.Parser(__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--workers", type=int, default=2, help="number of worker processes")
+    parser.add_argument("--host", default="localhost", help="address the workers listen on")
+    parser.add_argument("--timeout", type=float, default=0, help="stop all workers after this many seconds (0 = never)")
+    parser.add_argument("command", nargs="+", help="the worker command (put -- before it if it has options)")
+    args = parser.parse_args()
+    if args.workers < 1:
+        common.fail(f"--workers must be at least 1, got {args.workers}")
+    if "TF_CONFIG" in os.environ:
+        common.fail("TF_CONFIG is already set: unset it, the launcher writes one per worker")
+
+    addresses = [f"{args.host}:{port}" for port in common.free_ports(args.workers)]
+    cores = len(os.sched_getaffinity(0))
+    processes, pumps = [], []
+    for index in range(args.workers):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
+                                                     "task": {"type": "worker", "index": index}}))
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // args.workers)))
+        process = subprocess.Popen(args.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, bufsize=1)
+        processes.append(process)
+        for stream, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
+            pump = threading.Thread(target=forward, args=(stream, sink, f"[worker {index}] "), daemon=True)
+            pump.start()
+            pumps.append(pump)
+
+    deadline = time.time() + args.timeout if args.timeout else None
+    status = 0
+    try:
+        while any(p.poll() is None for p in processes):
+            failed = [p for p in processes if p.poll() not in (None, 0)]
+            if failed or (deadline and time.time() > deadline):
+                status = failed[0].returncode if failed else 124
+                if not failed:
+                    print(f"{common.PREFIX}: error: workers still running after --timeout {args.timeout:g} s: "
+                          f"stopped them", file=sys.stderr, flush=True)
+                stop(processes)
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        stop(processes)
+        status = 130
+    for pump in pumps:
+        pump.join(timeout=5)
+    codes = [p.wait() for p in processes]
+    return status or next((c for c in codes if c), 0)
+
+
+def forward(stream, sink, prefix):
+    for line in stream:
+        sink.write(prefix + line)
+        sink.flush()
+
+
+def stop(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

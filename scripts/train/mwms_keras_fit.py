@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Data-parallel training with tf.distribute.MultiWorkerMirroredStrategy and tf.keras Model.fit (seeds 003, 004).
+
+The steps, each marked "# MWMS:" below: remove HTTP proxies from the environment (gRPC would use them); find the
+workers (TF_CONFIG, or the Slurm step through SlurmClusterResolver with a port base derived from the job id);
+create the strategy before any other TensorFlow operation, with the RING or NCCL all-reduce; global batch =
+per-replica batch x replicas in sync; learning rate scaled with the replicas; auto-shard policy on the dataset;
+model built and compiled in strategy.scope(); a checkpoint after every epoch (the chief writes it, the others take
+part in a throw-away copy); --resume from the latest one; distributed evaluation; SavedModel export.
+
+    TF_CONFIG='{"cluster": {"worker": ["node1:12345", "node2:12345"]}, "task": {"type": "worker", "index": 0}}' \\
+        python mwms_keras_fit.py                           # on each node, with its own index
+    srun --ntasks=4 python mwms_keras_fit.py              # Slurm: one task per worker (GPU), nothing else to set
+    python launch_local_mwms.py -n 2 python mwms_keras_fit.py   # two workers on this machine
+
+Workers resuming must all see --checkpoint-dir (a shared file system). Every worker prints one "RESULT {json}" line.
+"""
+import sys
+import time
+
+import common
+
+
+def main():
+    parser = common.Parser(__doc__.split("\n\n")[0])
+    common.add_training_args(parser, lr=0.05)
+    common.add_mwms_args(parser)
+    parser.add_argument("--lr-decay-epochs", default="",
+                        help="comma-separated epochs at which the learning rate is divided by 10 (seed 004)")
+    parser.add_argument("--export-dir", default=None, help="write the trained model here as a SavedModel (chief)")
+    args = parser.parse_args()
+    common.check_training_args(args)
+    decay_epochs = common.parse_epochs(args.lr_decay_epochs)
+    plan = common.plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
+    removed_proxies = common.remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
+
+    import tensorflow as tf
+
+    threads = common.configure_threads(tf, args.intra_threads, plan["local_workers"])
+    strategy, cluster = common.make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF operation.
+    chief, rank = cluster["is_chief"], cluster["rank"]
+    replicas = strategy.num_replicas_in_sync
+    batch = common.per_replica_batch(args, replicas)
+    global_batch = batch * replicas  # MWMS: the dataset is batched with the global batch, split among replicas.
+    (x_train, y_train), (x_test, y_test) = common.load_data(args)
+    steps = common.steps_per_epoch(args, len(x_train), global_batch)
+    lr = common.scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
+
+    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
+    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    if start_epoch >= args.epochs:
+        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+                    f"--epochs above {start_epoch} to train further")
+
+    tf.keras.utils.set_random_seed(args.seed)  # MWMS: the same global seed on every worker (shuffling, weights).
+    with strategy.scope():  # MWMS: variables created here are mirrored on every replica of every worker.
+        model = common.build_model(tf, args.model)
+        optimizer = common.make_optimizer(tf, args, lr)
+        model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        optimizer.build(model.trainable_variables)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
+            checkpoint.read(resume_from).assert_existing_objects_matched()
+            common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+
+    shard_options = common.auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
+    train = common.train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
+                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                                 cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
+    train = train.with_options(shard_options)
+    test = common.test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
+
+    extra = common.keras_callbacks(tf)
+    callbacks = [extra.EpochLog(chief),
+                 extra.SaveEachEpoch(checkpoints, checkpoint, participate=True)]  # MWMS: all workers save.
+    if decay_epochs:
+        callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
+    if chief and args.log_dir:  # MWMS: the chief alone writes logs.
+        callbacks.append(common.tensorboard_callback(tf, args.log_dir))
+
+    started = time.time()
+    history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
+                        callbacks=callbacks, verbose=args.verbose if chief else 0)  # MWMS: the chief prints.
+    seconds = time.time() - started
+    test_loss, test_accuracy = model.evaluate(test, verbose=0)  # MWMS: distributed, metrics summed over workers.
+
+    exported = common.export_saved_model(model, args.export_dir, chief) if args.export_dir else None
+    if chief and args.weights_out:
+        common.save_weights_npz(args.weights_out, model)
+    flat = common.flat_weights(model)
+    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+    common.report({
+        "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit", "cluster_source": plan["source"],
+        "addresses": cluster["addresses"], "port_base": plan.get("port_base"), "is_chief": chief,
+        "removed_proxy_variables": removed_proxies, "collective": args.collective,
+        "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
+        "global_batch": global_batch, "steps_per_epoch": steps, "lr": lr, "initial_epoch": start_epoch,
+        "epochs": args.epochs, "losses": [float(v) for v in history.history.get("loss", [])],
+        "accuracies": [float(v) for v in history.history.get("accuracy", [])],
+        "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],
+        "test_loss": float(test_loss), "test_accuracy": float(test_accuracy), "train_seconds": seconds,
+        "intra_threads": threads, "weights_sum": float(flat.sum()), "exported": exported,
+        "checkpoints_written": checkpoints.written,
+        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": []})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,12 @@ def test_python_is_pinned_and_from_the_venv(host, image_layer):
     assert re.fullmatch(rf"Python {re.escape(CONFIG.os['python'])}\.\d+", host.check_output("python --version"))
 
 
+def test_system_python_sees_the_venv(host, image_layer):
+    # what ranks get when a launcher puts /usr/bin first in PATH (mpirun started by absolute path)
+    paths = host.check_output("/usr/bin/python3 -c 'import sys; print(chr(10).join(sys.path))'").splitlines()
+    assert f"/opt/venv/lib/python{CONFIG.os['python']}/site-packages" in paths
+
+
 def test_runs_as_unprivileged_user(host, image_layer):
     assert host.user().name == "tfhpc"
     assert host.user().uid == 1000

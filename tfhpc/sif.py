@@ -7,6 +7,7 @@ and renamed when complete, so an interrupted conversion neither leaves a truncat
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from . import REPO_ROOT, UserError
 from .build import build_layer
 from .dockerhost import client
 from .manifest import Config, Manifest
-from .provenance import update_images_json
+from .provenance import IMAGES_JSON, update_images_json
 from .rootimage import log, resolve_root
 
 SIF_DIR = REPO_ROOT / "build" / "sif"
@@ -106,6 +107,23 @@ def start_helper(image: str, command: list[str], volumes: dict[str, str], user: 
     return client().containers.get(created["Id"])
 
 
+def _definition_digest(config: Config, layer: str) -> str:
+    """Digest of the rendered definition, independent of the temporary archive path."""
+    return hashlib.sha256(render_definition(config, layer, "docker-archive").encode()).hexdigest()
+
+
+def _up_to_date(target: Path, image_id: str, definition_digest: str) -> bool:
+    """The SIF exists, is the one recorded (same sha256), and was made from this image id and this definition."""
+    if not target.is_file():
+        return False
+    try:
+        record = json.loads(IMAGES_JSON.read_text())["images"][f"sif:{target.name}"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return False
+    return (record.get("image_id") == image_id and record.get("size_bytes") == target.stat().st_size
+            and record.get("definition_sha256") == definition_digest and record.get("sha256") == _sha256(target))
+
+
 def run_apptainer(helper: str | None, workdir: Path, args: list[str]) -> None:
     """Run `apptainer ARGS` on the host, or in the helper container with `workdir` mounted at the same path."""
     if helper is None:
@@ -135,10 +153,15 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         raise UserError(f"{image} is not built: run 'make image' first") from None
     if sign_key is not None and not sign_key.is_file():
         raise UserError(f"SIGN_KEY={sign_key}: no such file: give a PEM private key (openssl genpkey -algorithm RSA)")
+    target = sif_path(config, layer)
+    image_id = client().images.get(image).id
+    definition_digest = _definition_digest(config, layer)
+    if sign_key is None and _up_to_date(target, image_id, definition_digest):
+        log(f"{target} is up to date with {image} ({image_id[:19]})")
+        return target
     helper = None if host_apptainer() else builder_image(manifest, config, base_source, ca_bundle)
     log(f"converting {image} with {host_apptainer() or 'apptainer in ' + helper}")
     started = time.monotonic()
-    target = sif_path(config, layer)
     SIF_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=SIF_DIR, prefix=".convert-") as tmp:
         workdir = Path(tmp)
@@ -164,7 +187,8 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         os.replace(partial, target)
     seconds = round(time.monotonic() - started, 1)
     update_images_json(f"sif:{target.name}", {
-        "path": str(target.relative_to(REPO_ROOT)), "image": image, "size_bytes": target.stat().st_size,
+        "path": str(target.relative_to(REPO_ROOT)), "image": image, "image_id": image_id,
+        "definition_sha256": definition_digest, "size_bytes": target.stat().st_size,
         "sha256": _sha256(target), "signed": sign_key is not None, "conversion_seconds": seconds,
         "docker_image_size_bytes": client().images.get(image).attrs["Size"]})
     log(f"wrote {target} ({target.stat().st_size / 1e9:.2f} GB) in {seconds} s")

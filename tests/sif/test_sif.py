@@ -142,3 +142,14 @@ def test_signed_sif_verifies_only_with_its_key(user_host, in_sif, apptainer_cont
     assert user_host.run("apptainer verify --key /tmp/k1.pub /tmp/copy.sif").rc == 0
     assert user_host.run("apptainer verify --key /tmp/k2.pub /tmp/copy.sif").rc != 0
     user_host.check_output("rm -f /tmp/copy.sif")
+
+
+def test_images_json_records_the_sif(sif):
+    import hashlib
+    from tfhpc.dockerhost import client
+    from tfhpc.provenance import IMAGES_JSON
+    record = json.loads(IMAGES_JSON.read_text())["images"][f"sif:{sif.name}"]
+    digest = hashlib.sha256(sif.read_bytes()).hexdigest()
+    assert (record["sha256"], record["size_bytes"]) == (digest, sif.stat().st_size)
+    assert record["image_id"] == client().images.get(CONFIG.image("app")).id
+    assert 0 < record["size_bytes"] < record["docker_image_size_bytes"]

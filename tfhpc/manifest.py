@@ -144,6 +144,7 @@ class Config:
             "TENSORFLOW_PACKAGE": self.tensorflow_package,
             "TENSORFLOW_VERSION": v["tensorflow"],
             "TF_KERAS_VERSION": v.get("tf_keras", ""),
+            "TF_USE_LEGACY_KERAS": "1" if v.get("tf_keras") else "0",
             "HOROVOD_VERSION": v["horovod"],
             "HOROVOD_PATCHES": " ".join(self.horovod_patches),
         }

@@ -24,6 +24,11 @@ def test_tensorflow_version_and_keras(host, image_layer):
     assert report["cuda"] is (CONFIG.flavor == "gpu")
 
 
+def test_legacy_keras_switch_matches_tf_keras(host, image_layer):
+    expected = "1" if "tf_keras" in CONFIG.versions else "0"
+    assert host.check_output("echo $TF_USE_LEGACY_KERAS") == expected
+
+
 def test_tensorflow_distribution_matches_flavor(host, image_layer):
     packages = {re.sub(r"[-_.]+", "-", p).lower() for p in host.pip.get_packages(pip_path="/opt/venv/bin/pip")}
     assert CONFIG.tensorflow_package in packages

@@ -66,9 +66,10 @@ def launch_size():
     return 1
 
 
-def fail(message, code=2):
-    """Stop with one line on stderr (printed by rank 0 only; the other ranks exit with the same status)."""
-    if launch_rank() == 0:
+def fail(message, code=2, everyone=False):
+    """Stop with one line on stderr, printed by rank 0 only (the other ranks exit with the same status) unless the
+    problem is this process's own (everyone=True)."""
+    if everyone or launch_rank() == 0:
         print(f"{PREFIX}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)
 
@@ -101,7 +102,8 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
                         help="glyphs and synthetic are generated in memory; mnist and fashion_mnist are read from "
                              "--data-dir (nothing is downloaded)")
     parser.add_argument("--data-dir", default=None,
-                        help="directory with mnist.npz / fashion_mnist.npz (Keras layout) for --dataset mnist|fashion_mnist")
+                        help="directory with mnist.npz or fashion_mnist.npz (Keras layout) for --dataset "
+                             "mnist|fashion_mnist")
     parser.add_argument("--train-samples", type=int, default=6000, help="training samples used (0 = all)")
     parser.add_argument("--test-samples", type=int, default=1000, help="test samples used (0 = all)")
     parser.add_argument("--model", default=model, choices=("mlp", "cnn"),
@@ -622,31 +624,35 @@ TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "ta
 
 
 def validate_tf_config(text):
-    """The parsed TF_CONFIG, or a one-line error saying what to fix."""
+    """The parsed TF_CONFIG, or a one-line error saying what to fix (from every worker: each has its own)."""
     fix = f"set TF_CONFIG like {TF_CONFIG_EXAMPLE} (index = this worker's position in the list)"
+
+    def bad(message):
+        fail(f"TF_CONFIG {message}", everyone=True)
+
     try:
         config = json.loads(text)
     except ValueError as error:
-        fail(f"TF_CONFIG is not valid JSON ({error}): {fix}")
+        bad(f"is not valid JSON ({error}): {fix}")
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-        fail(f"TF_CONFIG has no \"cluster\" object: {fix}")
+        bad(f"has no \"cluster\" object: {fix}")
     cluster = config["cluster"]
     unknown = set(cluster) - {"chief", "worker", "evaluator"}
     if unknown:
-        fail(f"TF_CONFIG cluster has job(s) {sorted(unknown)} that MultiWorkerMirroredStrategy does not use: "
-             f"list all workers under \"worker\" (and at most one \"chief\"); {fix}")
+        bad(f"cluster has job(s) {sorted(unknown)} that MultiWorkerMirroredStrategy does not use: list all workers "
+            f"under \"worker\" (and at most one \"chief\"); {fix}")
     workers = [*cluster.get("chief", []), *cluster.get("worker", [])]
     if not workers or not all(isinstance(w, str) and _host_port(w) for w in workers):
-        fail(f"TF_CONFIG cluster must list workers as \"host:port\" strings, got {json.dumps(cluster)}: {fix}")
+        bad(f"cluster must list workers as \"host:port\" strings, got {json.dumps(cluster)}: {fix}")
     if len(set(workers)) != len(workers):
-        fail(f"TF_CONFIG lists an address twice ({json.dumps(cluster)}): give every worker its own host:port")
+        bad(f"lists an address twice ({json.dumps(cluster)}): give every worker its own host:port")
     task = config.get("task")
     if not isinstance(task, dict) or task.get("type") not in cluster or not isinstance(task.get("index"), int):
-        fail(f"TF_CONFIG task must be {{\"type\": one of {sorted(cluster)}, \"index\": integer}}, got "
-             f"{json.dumps(task)}: {fix}")
-    if not 0 <= task["index"] < len(cluster[task["type"]]):
-        fail(f"TF_CONFIG task index {task['index']} is outside the {len(cluster[task['type']])} "
-             f"{task['type']}(s) listed: use 0..{len(cluster[task['type']]) - 1}")
+        bad(f"task must be {{\"type\": one of {sorted(cluster)}, \"index\": integer}}, got {json.dumps(task)}: "
+            f"{fix}")
+    listed = len(cluster[task["type"]])
+    if not 0 <= task["index"] < listed:
+        bad(f"task index {task['index']} is outside the {listed} {task['type']}(s) listed: use 0..{listed - 1}")
     return config
 
 
@@ -702,7 +708,7 @@ def plan_cluster(args):
     plan = {"source": source}
     if source == "tf_config":
         if "TF_CONFIG" not in os.environ:
-            fail(f"--cluster tf_config but TF_CONFIG is not set: {TF_CONFIG_EXAMPLE}")
+            fail(f"--cluster tf_config but TF_CONFIG is not set: set it like {TF_CONFIG_EXAMPLE}", everyone=True)
         config = validate_tf_config(os.environ["TF_CONFIG"])
         cluster, task = config["cluster"], config["task"]
         addresses = [*cluster.get("chief", []), *cluster.get("worker", [])]

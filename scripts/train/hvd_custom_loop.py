@@ -30,6 +30,7 @@ def main():
                         help="start every rank from other random weights, to see the broadcast make them agree")
     args = parser.parse_args()
     common.check_training_args(args)
+    common.per_replica_batch(args, common.launch_size())  # checked again once Horovod knows its size
 
     import tensorflow as tf
     import horovod.tensorflow as hvd
@@ -50,7 +51,7 @@ def main():
     warmup_steps = int(args.warmup_epochs * steps) if lr != args.lr else 0
 
     checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
-    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
     start_epoch = int(hvd.broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
     if start_epoch >= args.epochs:
         common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
@@ -65,6 +66,7 @@ def main():
         checkpoint.read(resume_from)
         common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
     hvd.broadcast_variables(model.variables, root_rank=0)  # Horovod: rank 0's weights before the first step.
+    initial_weights = common.flat_weights(model)
 
     train = common.train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
                                  start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
@@ -125,6 +127,7 @@ def main():
         "initial_epoch": start_epoch, "epochs": args.epochs, "losses": losses, "accuracies": accuracies,
         "learning_rates": learning_rates, "test_loss": test_loss, "test_accuracy": test_accuracy,
         "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),
+        "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
         "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": failures})
     return 1 if failures else 0

@@ -35,6 +35,7 @@ def main():
                         help="start every rank from other random weights, to see the broadcast make them agree")
     args = parser.parse_args()
     common.check_training_args(args)
+    common.per_replica_batch(args, common.launch_size())  # checked again once Horovod knows its size
     decay_epochs = common.parse_epochs(args.lr_decay_epochs)
 
     import tensorflow as tf
@@ -56,7 +57,7 @@ def main():
     lr = common.scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
 
     checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
-    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
     start_epoch = int(broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
     if start_epoch >= args.epochs:
         common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
@@ -77,6 +78,7 @@ def main():
     # step. hvd.callbacks.BroadcastGlobalVariablesCallback(0) does the same after the first batch, which suits
     # identical starts but lets ranks that resumed differently average gradients of different weights once.
     broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
+    initial_weights = common.flat_weights(model)
 
     train = common.train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
                                  start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
@@ -86,8 +88,12 @@ def main():
         hvd.callbacks.MetricAverageCallback(),  # Horovod: epoch metrics averaged over the ranks.
     ]
     if args.warmup_epochs > 0 and lr != args.lr and start_epoch < args.warmup_epochs:
-        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(  # Horovod: from lr/size up to the scaled rate.
-            initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, verbose=0))
+        # Horovod: from lr/size up to the scaled rate. No momentum correction: Keras >= 2.11 optimizers hold
+        # momentum as a Python number that the compiled train step captures when it is traced (on the first,
+        # corrected batch), so the correction would freeze a smaller momentum in for the whole run.
+        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
+            initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False,
+            verbose=0))
     extra = common.keras_callbacks(tf)
     if decay_epochs:
         callbacks.append(extra.StepDecay(lr, decay_epochs, args.warmup_epochs))
@@ -119,9 +125,9 @@ def main():
         "accuracies": [float(v) for v in history.history.get("accuracy", [])],
         "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],
         "test_loss": test_loss, "test_accuracy": test_accuracy, "train_seconds": seconds, "intra_threads": threads,
-        "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
-        "checkpoints_written": checkpoints.written, "checkpoint_dir_listing": common.listing(args.checkpoint_dir)
-        if chief else None, "failures": failures})
+        "weights_sum": float(flat.sum()), "max_weight_change": float(abs(flat - initial_weights).max()),
+        "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
+        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": failures})
     return 1 if failures else 0
 
 

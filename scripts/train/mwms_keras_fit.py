@@ -33,6 +33,7 @@ def main():
     decay_epochs = common.parse_epochs(args.lr_decay_epochs)
     plan = common.plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
     removed_proxies = common.remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
+    common.per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
 
     import tensorflow as tf
 
@@ -63,6 +64,7 @@ def main():
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
             common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+    initial_weights = common.flat_weights(model)
 
     shard_options = common.auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
     train = common.train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
@@ -100,7 +102,8 @@ def main():
         "accuracies": [float(v) for v in history.history.get("accuracy", [])],
         "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],
         "test_loss": float(test_loss), "test_accuracy": float(test_accuracy), "train_seconds": seconds,
-        "intra_threads": threads, "weights_sum": float(flat.sum()), "exported": exported,
+        "intra_threads": threads, "weights_sum": float(flat.sum()),
+        "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,
         "checkpoints_written": checkpoints.written,
         "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0

@@ -1,0 +1,361 @@
+"""The training entrypoints of scripts/train/, run with 2 ranks (Horovod) or 2 workers (MultiWorkerMirroredStrategy,
+both in one container on localhost ports) and checked by value.
+
+Data: the built-in "glyphs" set (seven-segment digits with random slant, rotation, scale, shift, stroke width, a stray
+stroke and noise; generated, deterministic, no download; no package in the image ships a real data set).
+
+What is proven, with the tolerances:
+- learning: the loss falls to below half its first-epoch value and the test accuracy on glyphs reaches
+  ACCURACY (3 epochs of 3000 samples, CNN, per-rank batch 32);
+- gradients are averaged: 2 ranks with per-rank batch B end, after K steps, with the weights of 1 process with batch
+  2B on the same samples, to EQUIVALENCE_TOLERANCE (absolute, float32 sums in another order), while training moved
+  the weights by more than 100 times that;
+- resume: 1 epoch, then --resume to 3 epochs, ends with the weights of an uninterrupted 3-epoch run to
+  RESUME_TOLERANCE, starting at epoch 2; only rank 0 / the chief wrote checkpoints, and none is left half-written;
+- the SGD lab's PNG has the requested size and every setting's colour drawn;
+- bad input: one line on stderr naming the fix, exit status 2, nothing written.
+"""
+import json
+import shlex
+import struct
+import zlib
+
+import pytest
+
+from conftest import run_ranks, script
+
+ACCURACY = 0.85
+EQUIVALENCE_TOLERANCE = 1e-4
+RESUME_TOLERANCE = 1e-5
+WORK = "/tmp/tfhpc-training-tests"
+SMALL = "--train-samples 3000 --test-samples 500 --verbose 0"
+HVD = "horovodrun -np 2"
+
+
+def launch_mwms(command, workers=2):
+    return f"python {script('train/launch_local_mwms.py')} -n {workers} --timeout 300 -- {command}"
+
+
+def python(relative, arguments=""):
+    return f"python {script('train/' + relative)} {arguments}"
+
+
+def max_difference(host, first, second):
+    """Largest absolute difference between two weight .npz files (compared inside the container, with numpy)."""
+    code = ("import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); "
+            "assert a.files == b.files, (a.files, b.files); "
+            "print(max(float(np.abs(a[k] - b[k]).max()) for k in a.files))")
+    return float(host.check_output(f"python -c {shlex.quote(code)} {first} {second}"))
+
+
+@pytest.fixture(scope="module")
+def work(host):
+    host.run(f"rm -rf {WORK} && mkdir -p {WORK}")
+    return WORK
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Every entrypoint learns (3 epochs, 2 ranks); these runs are also the uninterrupted references of the resume tests.
+
+ENTRYPOINTS = {
+    "hvd_keras_fit": lambda args: f"{HVD} {python('hvd_keras_fit.py', args)}",
+    "hvd_custom_loop": lambda args: f"{HVD} {python('hvd_custom_loop.py', args)}",
+    "mwms_keras_fit": lambda args: launch_mwms(python("mwms_keras_fit.py", args)),
+    "mwms_custom_loop": lambda args: launch_mwms(python("mwms_custom_loop.py", args)),
+}
+
+
+@pytest.fixture(scope="module")
+def full_runs(host, work):
+    """name -> (reports, weights file) of a 3-epoch, 2-rank run with checkpoints; run once, when first needed."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            extra = " --different-init-per-rank --log-dir {0}/{1}-logs".format(work, name) if "hvd" in name else \
+                f" --export-dir {work}/{name}-savedmodel --log-dir {work}/{name}-logs"
+            args = (f"{SMALL} --epochs 3 --checkpoint-dir {work}/{name}-full-ckpt "
+                    f"--weights-out {work}/{name}-full.npz{extra}")
+            command = ENTRYPOINTS[name](args)
+            if name.startswith("mwms"):  # a dead proxy: the workers must remove it to talk to each other over gRPC
+                command = f"env http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 {command}"
+            done[name] = run_ranks(host, command, 2), f"{work}/{name}-full.npz"
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
+    reports, _ = full_runs(name)
+    for report in reports:
+        assert report["size"] == 2 and report["global_batch"] == 64 and report["failures"] == []
+        assert report["lr"] == pytest.approx(0.1), "--lr 0.05 scaled linearly by 2 ranks"
+        assert len(report["losses"]) == 3
+        assert report["losses"][-1] < 0.5 * report["losses"][0], report["losses"]
+        assert report["test_accuracy"] >= ACCURACY, report
+        assert report["initial_epoch"] == 0
+    first, second = reports
+    assert first["losses"] == pytest.approx(second["losses"], rel=1e-6), "every rank reports the averaged metrics"
+    assert first["weights_sum"] == second["weights_sum"], "the replicas hold identical weights"
+    assert first["checkpoints_written"] == ["epoch-0001", "epoch-0002", "epoch-0003"]
+    assert second["checkpoints_written"] == [], "only rank 0 / the chief writes checkpoints"
+    assert first["checkpoint_dir_listing"] == sorted([
+        "epoch-0002", "epoch-0002/ckpt.data-00000-of-00001", "epoch-0002/ckpt.index",
+        "epoch-0003", "epoch-0003/ckpt.data-00000-of-00001", "epoch-0003/ckpt.index", "latest.json"])
+    events = host.check_output(f"ls {WORK}/{name}-logs/train").split()
+    assert len(events) == 1 and events[0].startswith("events.out.tfevents."), events
+    if name.startswith("hvd"):
+        assert first["max_weight_difference_across_ranks"] == 0.0, "the broadcast made different starts agree"
+    else:
+        assert first["is_chief"] and not second["is_chief"]
+        assert first["removed_proxy_variables"] == ["http_proxy", "https_proxy"]
+        assert first["cluster_source"] == "tf_config" and len(first["addresses"]) == 2
+    if name == "mwms_keras_fit":
+        assert first["exported"] == f"{WORK}/{name}-savedmodel"
+        assert host.file(f"{WORK}/{name}-savedmodel/saved_model.pb").is_file
+        assert host.file(f"{WORK}/{name}-savedmodel/variables/variables.index").is_file
+    leftovers = host.run(f"ls -a {WORK} /tmp | grep -E '\\.tmp$|^tfhpc-ckpt-|^tfhpc-export-'")
+    assert leftovers.stdout.strip() == "", leftovers.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Equivalence: 2 ranks x batch B == 1 process x batch 2B on the same samples, after K steps.
+
+EQUIVALENCE = "--epochs 2 --steps-per-epoch 10 --lr-scaling none --train-samples 1024 --test-samples 128 --verbose 0"
+
+
+@pytest.mark.parametrize("name, two, one", [
+    ("hvd_keras_fit", lambda a: f"{HVD} {python('hvd_keras_fit.py', a)}", lambda a: python("hvd_keras_fit.py", a)),
+    ("hvd_custom_loop", lambda a: f"{HVD} {python('hvd_custom_loop.py', a)}",
+     lambda a: python("hvd_custom_loop.py", a)),
+    ("mwms_keras_fit", lambda a: launch_mwms(python("mwms_keras_fit.py", a)),
+     lambda a: python("mwms_keras_fit.py", a)),
+])
+def test_two_ranks_average_gradients_like_one_process_with_twice_the_batch(host, image_layer, work, name, two, one):
+    # Horovod shards by rank (rank r takes samples r, r+2, ...) and then shuffles its own shard, so the samples of a
+    # step match only unshuffled (--shuffle-buffer 0); MWMS shuffles the whole set with the global seed and then
+    # splits each global batch, so it matches with shuffling on (the default).
+    shuffle = " --shuffle-buffer 0" if name.startswith("hvd") else ""
+    reports = run_ranks(host, two(f"{EQUIVALENCE}{shuffle} --batch-size 16 --weights-out {work}/{name}-eq2.npz"), 2)
+    single = run_ranks(host, one(f"{EQUIVALENCE}{shuffle} --batch-size 32 --weights-out {work}/{name}-eq1.npz"), 1)
+    assert reports[0]["global_batch"] == single[0]["global_batch"] == 32
+    assert reports[0]["steps_per_epoch"] == single[0]["steps_per_epoch"] == 10
+    difference = max_difference(host, f"{work}/{name}-eq1.npz", f"{work}/{name}-eq2.npz")
+    assert difference <= EQUIVALENCE_TOLERANCE, difference
+    assert single[0]["max_weight_change"] > 100 * EQUIVALENCE_TOLERANCE, "training must have moved the weights"
+    assert reports[0]["losses"] == pytest.approx(single[0]["losses"], rel=1e-4)
+
+
+def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, work):
+    args = f"{EQUIVALENCE} --weights-out {work}/mwms-loop-eq"
+    run_ranks(host, launch_mwms(python("mwms_custom_loop.py", f"{args}2.npz --batch-size 16")), 2)
+    single = run_ranks(host, python("mwms_custom_loop.py", f"{args}1.npz --batch-size 32"), 1)
+    difference = max_difference(host, f"{work}/mwms-loop-eq1.npz", f"{work}/mwms-loop-eq2.npz")
+    assert difference <= EQUIVALENCE_TOLERANCE and single[0]["max_weight_change"] > 100 * EQUIVALENCE_TOLERANCE
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Resume: stop after epoch 1, rerun with --resume: continues at epoch 2, ends where the uninterrupted run ended.
+
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer, work, full_runs, name):
+    full, full_weights = full_runs(name)
+    directory = f"{work}/{name}-resume-ckpt"
+    first = run_ranks(host, ENTRYPOINTS[name](f"{SMALL} --epochs 1 --checkpoint-dir {directory}"), 2)
+    assert first[0]["checkpoints_written"] == ["epoch-0001"] and first[1]["checkpoints_written"] == []
+    assert json.loads(host.file(f"{directory}/latest.json").content_string)["epoch"] == 1
+    resumed = run_ranks(host, ENTRYPOINTS[name](
+        f"{SMALL} --epochs 3 --checkpoint-dir {directory} --resume --weights-out {work}/{name}-resumed.npz"), 2)
+    for report in resumed:
+        assert report["initial_epoch"] == 1 and len(report["losses"]) == 2, "epochs 2 and 3 only"
+        assert report["losses"] == pytest.approx(full[0]["losses"][1:], rel=1e-4)
+    assert resumed[0]["checkpoints_written"] == ["epoch-0002", "epoch-0003"]
+    assert resumed[1]["checkpoints_written"] == []
+    assert max_difference(host, full_weights, f"{work}/{name}-resumed.npz") <= RESUME_TOLERANCE
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# MWMS from a Slurm step (srun's variables, faked): SlurmClusterResolver with the port base from the job id.
+
+def test_mwms_from_slurm_variables_uses_the_job_id_port_base(host, image_layer, work):
+    job = 4242
+    port_base = 10000 + (job % ((20000 - 10000) // 32)) * 32
+    environment = ("SLURM_STEP_NUM_TASKS=2 SLURM_NTASKS=2 SLURM_STEP_NODELIST=localhost SLURM_STEP_TASKS_PER_NODE=2 "
+                   f"SLURM_JOB_ID={job} OMP_NUM_THREADS=1")
+    worker = python("mwms_custom_loop.py", "--epochs 1 --train-samples 640 --test-samples 64 --verbose 0")
+    loop = (f"for i in 0 1; do env {environment} SLURM_PROCID=$i {worker} & pids=\"$pids $!\"; done; "
+            "status=0; for p in $pids; do wait $p || status=1; done; exit $status")
+    command = f"bash -c {shlex.quote(loop)}"
+    reports = run_ranks(host, command, 2)
+    for report in reports:
+        assert report["cluster_source"] == "slurm" and report["replicas_in_sync"] == 2
+        assert report["addresses"] == [f"localhost:{port_base}", f"localhost:{port_base + 1}"]
+    assert reports[0]["is_chief"] and reports[0]["weights_sum"] == reports[1]["weights_sum"]
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# SGD lab: trajectories and a PNG.
+
+def read_png(data):
+    """(width, height, rows of RGB tuples) of an 8-bit RGB, non-interlaced PNG, decoded with zlib and struct."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    position, chunks = 8, {}
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position:position + 8])
+        body = data[position + 8:position + 8 + length]
+        assert struct.unpack(">I", data[position + 8 + length:position + 12 + length])[0] == zlib.crc32(kind + body)
+        chunks.setdefault(kind, []).append(body)
+        position += 12 + length
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"][0])
+    assert (depth, colour, interlace) == (8, 2, 0), "expected 8-bit RGB, not interlaced"
+    raw, stride, rows, previous = zlib.decompress(b"".join(chunks[b"IDAT"])), width * 3, [], bytearray(width * 3)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - 3] if i >= 3 else 0
+            up, corner = previous[i], previous[i - 3] if i >= 3 else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 255
+            elif kind == 2:
+                line[i] = (line[i] + up) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+        rows.append([tuple(line[i:i + 3]) for i in range(0, stride, 3)])
+        previous = line
+    return width, height, rows
+
+
+def test_sgd_lab_writes_trajectories_and_a_png(host, image_layer, work):
+    out = f"{work}/sgd"
+    reports = run_ranks(host, f"{HVD} {python('sgd_lab.py', f'--out-dir {out} --width 640 --height 480')}", 2)
+    lab = reports[0]
+    expected = ["1 worker, gradient descent", "1 worker, SGD batch 32", "1 worker, SGD batch 8",
+                "1 worker, SGD batch 1", "Horovod, 2 workers x batch 8", "before Horovod, rank 0 of 2",
+                "before Horovod, rank 1 of 2", "broadcast only, rank 0 of 2", "broadcast only, rank 1 of 2"]
+    assert lab["settings"] == expected and len(set(lab["colors"])) == len(expected)
+    assert lab["horovod_identical_on_all_ranks"] == 0.0
+    assert lab["horovod_vs_1_worker_global_batch"] < 1e-9, "averaged gradients == 1 worker with the global batch"
+    assert reports[1]["final_horovod"] == lab["final"]["Horovod, 2 workers x batch 8"]
+    document = json.loads(host.file(f"{out}/sgd_trajectories.json").content_string)
+    least_squares_loss = None
+    for setting in document["settings"]:
+        losses = [p[2] for p in setting["points"]]
+        assert len(setting["points"]) == 151, "150 steps + the start"
+        if not setting["label"].startswith("before Horovod"):  # those start at random points
+            assert setting["points"][0][:2] == document["start"]
+            assert losses[-1] < 0.2 * losses[0], (setting["label"], losses[0], losses[-1])
+        if setting["label"] == "1 worker, gradient descent":
+            assert all(b <= a + 1e-12 for a, b in zip(losses, losses[1:])), "full-batch descent never goes up"
+            least_squares_loss = losses[-1]
+    assert least_squares_loss is not None
+    before = [s["points"][-1] for s in document["settings"] if s["label"].startswith("before Horovod")]
+    assert before[0] != before[1], "without Horovod the ranks end apart"
+    csv_lines = host.file(f"{out}/sgd_trajectories.csv").content_string.strip().splitlines()
+    assert csv_lines[0] == "setting,color,step,m,n,loss" and len(csv_lines) == 1 + 151 * len(expected)
+
+    width, height, rows = read_png(host.file(f"{out}/sgd_trajectories.png").content)
+    assert (width, height) == (640, 480)
+    counts = {}
+    for row in rows:
+        for pixel in row:
+            counts[pixel] = counts.get(pixel, 0) + 1
+    for label, colour in zip(lab["settings"], lab["colors"]):
+        rgb = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+        assert counts.get(rgb, 0) >= 60, f"trajectory '{label}' ({colour}) is not drawn: {counts.get(rgb, 0)} px"
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Synthetic benchmark: the same output from the Horovod and the MWMS variant.
+
+def test_synthetic_benchmark_horovod_and_mwms_report_alike(host, image_layer):
+    args = "--iters 3 --batches-per-iter 3 --warmup-batches 1 --batch-size 16"
+    horovod = run_ranks(host, f"{HVD} {python('synthetic_benchmark.py', f'--mode horovod {args}')}", 2)
+    mwms = run_ranks(host, launch_mwms(python("synthetic_benchmark.py", f"--mode mwms {args}")), 2)
+    assert set(horovod[0]) == set(mwms[0]), "one output format"
+    for reports in (horovod, mwms):
+        first = reports[0]
+        assert first["size"] == 2 and len(first["per_worker_mean"]) == 2 and len(first["rates"][0]) == 3
+        assert all(rate > 0 for row in first["rates"] for rate in row)
+        total, per = first["images_per_second_total"], first["images_per_second_per_worker"]
+        assert total["mean"] == pytest.approx(sum(first["per_worker_mean"]), rel=1e-9)
+        assert per["mean"] == pytest.approx(total["mean"] / 2, rel=1e-9) and per["n"] == 6 and total["n"] == 3
+        assert reports[1]["rates"] == first["rates"], "every rank reports the same aggregate"
+        assert first["failures"] == []
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Data from a directory: Keras' mnist.npz layout.
+
+def test_keras_npz_data_dir_is_read(host, image_layer, work):
+    directory = f"{work}/keras-data"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import common, numpy as np; "
+            "x, y = common.glyphs(600, 7); np.savez(sys.argv[2], x_train=x[:512], y_train=y[:512], "
+            "x_test=x[512:], y_test=y[512:])")
+    host.check_output(f"mkdir -p {directory} && python -c {shlex.quote(code)} {script('train')} "
+                      f"{directory}/mnist.npz")
+    arguments = f"--dataset mnist --data-dir {directory} --epochs 1 --verbose 0"
+    reports = run_ranks(host, f"{HVD} {python('hvd_keras_fit.py', arguments)}", 2)
+    assert reports[0]["dataset"] == "mnist" and reports[0]["steps_per_epoch"] == 512 // 64
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Bad input: one line naming the fix, status 2, nothing written.
+
+BAD_INPUTS = [
+    ("hvd_keras_fit.py", "--dataset mnist --data-dir /nonexistent", "",
+     ["/nonexistent", "mnist.npz", "--dataset glyphs"]),
+    ("hvd_keras_fit.py", "--dataset fashion_mnist", "", ["needs --data-dir", "fashion_mnist.npz"]),
+    ("hvd_custom_loop.py", "--lr-scaling cubic", "", ["'cubic'", "linear", "sqrt", "none"]),
+    ("mwms_keras_fit.py", "", "{not json", ["TF_CONFIG is not valid JSON", '"task"']),
+    ("mwms_custom_loop.py", "", '{"cluster": {"worker": ["localhost:1"]}, "task": {"type": "worker", "index": 3}}',
+     ["index 3", "0..0"]),
+    ("mwms_keras_fit.py", "", '{"cluster": {"worker": ["localhost"]}, "task": {"type": "worker", "index": 0}}',
+     ['"host:port"']),
+    ("mwms_keras_fit.py", "--resume", "", ["--resume needs --checkpoint-dir"]),
+    ("mwms_keras_fit.py", "--collective nccl", "", ["needs GPUs", "--collective ring"]),
+]
+
+
+@pytest.mark.parametrize("entry, arguments, tf_config, phrases", BAD_INPUTS)
+def test_bad_input_is_one_line_naming_the_fix(host, image_layer, work, entry, arguments, tf_config, phrases):
+    target = f"{work}/bad-{entry}-{abs(hash((arguments, tf_config)))}"
+    extra = "" if "--resume" in arguments else f" --checkpoint-dir {target}/ckpt"
+    environment = f"env TF_CONFIG={shlex.quote(tf_config)} " if tf_config else "env -u TF_CONFIG "
+    result = host.run(f"{environment}{python(entry, arguments + extra)} --weights-out {target}/w.npz")
+    assert result.rc == 2, (result.rc, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfhpc: error: "), result.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], (phrase, lines[0])
+    assert not host.file(target).exists, "nothing may be written on bad input"
+
+
+def test_global_batch_that_does_not_divide_is_refused_on_every_rank(host, image_layer, work):
+    target = f"{work}/bad-divide"
+    result = host.run(f"{HVD} {python('hvd_keras_fit.py', f'--global-batch-size 33 --checkpoint-dir {target}')}")
+    assert result.rc != 0
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if "tfhpc: error:" in line]
+    assert len(errors) == 1, "rank 0 alone reports it: " + "\n".join(errors)
+    assert "--global-batch-size 33 does not divide by 2 replicas" in errors[0] and "multiple of 2" in errors[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not host.file(target).exists
+
+
+def test_every_training_entrypoint_answers_help(host, image_layer):
+    import tomllib
+    from conftest import REPO_ROOT
+    entries = tomllib.loads((REPO_ROOT / "scripts" / "entrypoints.toml").read_text())
+    trained = {name: spec for name, spec in entries.items() if spec["run"][1].startswith("train/")}
+    assert set(trained) >= {"train-hvd-fit", "train-hvd-loop", "train-mwms-fit", "train-mwms-loop", "sgd-lab",
+                            "benchmark-hvd", "benchmark-mwms", "launch-local-mwms"}
+    for name, spec in trained.items():
+        command = " ".join([spec["run"][0], script(spec["run"][1]), *spec["run"][2:], "--help"])
+        out = host.check_output(command)
+        assert "usage:" in out and "(default:" in out, (name, out)
+        if image_layer == "app":
+            assert host.run(f"tfhpc-{name} --help").rc == 0, name

@@ -17,7 +17,7 @@ VENV ?= .venv##    host virtual environment for the tooling and tests
 export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY
 PYTHON := $(VENV)/bin/python
 
-.PHONY: help venv image sif test test-unit test-images clean clean-all show
+.PHONY: help venv image sif recipes native-sif test test-unit test-images clean clean-all show
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -36,6 +36,12 @@ image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> ap
 
 sif: image ## convert the image (LAYER, default app) into build/sif/*.sif (apptainer on the host or in a helper)
 	$(PYTHON) -m tfhpc sif
+
+recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the Dockerfiles, via spython)
+	$(PYTHON) -m tfhpc recipes
+
+native-sif: venv ## build build/native/*.sif from recipes/native/ with apptainer (no Docker build; ~30 min here)
+	$(PYTHON) -m tfhpc native-sif
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

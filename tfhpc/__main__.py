@@ -52,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
                      help="PEM private key: sign the SIF with it (apptainer sign --key)")
 
+    recipes = commands.add_parser("recipes", help="write recipes/native/ (native Apptainer recipes, via spython)")
+    recipes.add_argument("--check", action="store_true", help="exit 1 if the committed recipes are out of date")
+
+    native = commands.add_parser("native-sif", help="build every layer's SIF from recipes/native/ with apptainer")
+    _add_config_options(native)
+    native.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
+                        help="root image for the base recipe and the helper: registry, debootstrap or auto")
+    native.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for apt/pip during the builds")
+
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
 
@@ -74,6 +83,17 @@ def main(argv: list[str] | None = None) -> int:
             from .clean import clean as do_clean
             do_clean(remove_images=args.all)
             return 0
+        if args.command == "recipes":
+            from .recipes import NATIVE_DIR, expected_files, write_all
+            if args.check:
+                stale = [str(path.relative_to(NATIVE_DIR)) for path, text in expected_files(manifest).items()
+                         if not path.is_file() or path.read_text() != text]
+                if stale:
+                    raise UserError(f"recipes/native is out of date ({', '.join(stale)}): run `make recipes`")
+                return 0
+            for path in write_all(manifest):
+                print(path)
+            return 0
         config = manifest.config(args.stack, args.flavor, args.mpi)
         if args.command == "show":
             print(json.dumps({"tag": config.tag, "build_args": config.build_args(),
@@ -88,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
             print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
+        elif args.command == "native-sif":
+            from .build import resolve_ca_bundle
+            from .recipes import build_native
+            for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle)):
+                print(path)
         elif args.command == "build":
             from .build import build_stack
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

@@ -92,7 +92,7 @@ def _sha256(path: Path) -> str:
 
 
 def start_helper(image: str, command: list[str], volumes: dict[str, str], user: str = "",
-                 environment: dict | None = None):
+                 environment: dict | None = None, working_dir: str | None = None):
     """Start the apptainer helper container (detached) with the options above; returns the SDK container.
     `volumes` maps host paths to "container-path" or "container-path:ro"."""
     api = client().api
@@ -102,7 +102,8 @@ def start_helper(image: str, command: list[str], volumes: dict[str, str], user: 
     host_config["MaskedPaths"] = []  # systempaths=unconfined: the SDK has no keyword for these two
     host_config["ReadonlyPaths"] = []
     created = api.create_container(image, command, user=user, environment=environment or {},
-                                   volumes=[dst.split(":")[0] for dst in volumes.values()], host_config=host_config)
+                                   volumes=[dst.split(":")[0] for dst in volumes.values()], host_config=host_config,
+                                   working_dir=working_dir)
     api.start(created["Id"])
     return client().containers.get(created["Id"])
 
@@ -124,15 +125,20 @@ def _up_to_date(target: Path, image_id: str, definition_digest: str) -> bool:
             and record.get("definition_sha256") == definition_digest and record.get("sha256") == _sha256(target))
 
 
-def run_apptainer(helper: str | None, workdir: Path, args: list[str]) -> None:
-    """Run `apptainer ARGS` on the host, or in the helper container with `workdir` mounted at the same path."""
+def run_apptainer(helper: str | None, workdir: Path, args: list[str], cwd: Path | None = None) -> None:
+    """Run `apptainer ARGS` on the host, or in the helper container with `workdir` (its temporary directory) and
+    `cwd` (read-only; where relative paths resolve) mounted at the same paths."""
     if helper is None:
-        status = subprocess.call([host_apptainer(), *args], env={**os.environ, "APPTAINER_TMPDIR": str(workdir)})
+        status = subprocess.call([host_apptainer(), *args], env={**os.environ, "APPTAINER_TMPDIR": str(workdir)},
+                                 cwd=cwd)
         if status != 0:
             raise UserError(f"apptainer {args[0]} failed (exit {status}, output above)")
         return
-    container = start_helper(helper, ["apptainer", *args], {str(workdir): str(workdir)}, user=HELPER_USER,
-                             environment={"APPTAINER_TMPDIR": str(workdir)})
+    volumes = {str(cwd): f"{cwd}:ro"} if cwd else {}
+    volumes[str(workdir)] = str(workdir)
+    container = start_helper(helper, ["apptainer", *args], volumes, user=HELPER_USER,
+                             environment={"APPTAINER_TMPDIR": str(workdir)},
+                             working_dir=str(cwd) if cwd else None)
     try:
         for chunk in container.logs(stream=True, follow=True):
             os.write(2, chunk)

@@ -133,6 +133,8 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --checkpoint-dir (start fresh if there is none)")
     parser.add_argument("--log-dir", default=None, help="TensorBoard logs (rank 0 / chief only)")
+    parser.add_argument("--export-dir", default=None,
+                        help="write the trained model here as a SavedModel (rank 0 / chief, atomically)")
     parser.add_argument("--weights-out", default=None,
                         help="write the final weights to this .npz (rank 0 / chief only, atomically)")
     parser.add_argument("--intra-threads", type=int, default=default_threads(),
@@ -473,34 +475,48 @@ def keras_callbacks(tf):
             self.checkpoints.save(self.checkpoint, epoch + 1, participate=self.participate)
 
     class EpochScalars(tf.keras.callbacks.Callback):
-        """Epoch metrics as TensorBoard scalars in <log_dir>/train, for images without the tensorboard package
-        (tf.summary needs it): the event file is written directly, as TFRecords of Event protocol buffers."""
+        """Epoch metrics as TensorBoard scalars (ScalarLog), for images without the tensorboard package."""
 
         def __init__(self, log_dir):
             super().__init__()
-            from tensorflow.core.util import event_pb2
-            self.event_pb2 = event_pb2
-            directory = Path(log_dir) / "train"
-            directory.mkdir(parents=True, exist_ok=True)
-            name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2"
-            self.writer = tf.io.TFRecordWriter(str(directory / name))
-            self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-
-        def _write(self, event):
-            self.writer.write(event.SerializeToString())
-            self.writer.flush()
+            self.log = ScalarLog(tf, log_dir)
 
         def on_epoch_end(self, epoch, logs=None):
-            event = self.event_pb2.Event(wall_time=time.time(), step=epoch + 1)
-            for key, value in sorted((logs or {}).items()):
-                event.summary.value.add(tag=f"epoch_{key}", simple_value=float(value))
-            self._write(event)
+            self.log.write(epoch + 1, logs or {})
 
         def on_train_end(self, logs=None):
-            self.writer.close()
+            self.log.close()
 
     return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
                               EpochScalars=EpochScalars)
+
+
+class ScalarLog:
+    """Scalars in TensorBoard's format in <log_dir>/train without the tensorboard package (tf.summary needs it): the
+    event file is written directly, as TFRecords of Event protocol buffers. Used by the custom loops and, when
+    tensorboard is missing, by the fit entrypoints."""
+
+    def __init__(self, tf, log_dir):
+        from tensorflow.core.util import event_pb2
+        self.event_pb2 = event_pb2
+        directory = Path(log_dir) / "train"
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2"
+        self.writer = tf.io.TFRecordWriter(str(directory / name))
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event):
+        self.writer.write(event.SerializeToString())
+        self.writer.flush()
+
+    def write(self, step, values):
+        event = self.event_pb2.Event(wall_time=time.time(), step=step)
+        for key, value in sorted(values.items()):
+            event.summary.value.add(tag=f"epoch_{key}", simple_value=float(value))
+        self._write(event)
+
+    def close(self):
+        self.writer.close()
 
 
 def tensorboard_callback(tf, log_dir):
@@ -625,35 +641,40 @@ TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "ta
 
 def validate_tf_config(text):
     """The parsed TF_CONFIG, or a one-line error saying what to fix (from every worker: each has its own)."""
+    config, problem = tf_config_problem(text)
+    if problem:
+        fail(f"TF_CONFIG {problem[0]}: {problem[1]}", everyone=True)
+    return config
+
+
+def tf_config_problem(text):
+    """(parsed TF_CONFIG, None), or (None, (what is wrong, how to fix it)); shared with the doctor."""
     fix = f"set TF_CONFIG like {TF_CONFIG_EXAMPLE} (index = this worker's position in the list)"
-
-    def bad(message):
-        fail(f"TF_CONFIG {message}", everyone=True)
-
     try:
         config = json.loads(text)
     except ValueError as error:
-        bad(f"is not valid JSON ({error}): {fix}")
+        return None, (f"is not valid JSON ({error})", fix)
     if not isinstance(config, dict) or not isinstance(config.get("cluster"), dict):
-        bad(f"has no \"cluster\" object: {fix}")
+        return None, ("has no \"cluster\" object", fix)
     cluster = config["cluster"]
     unknown = set(cluster) - {"chief", "worker", "evaluator"}
     if unknown:
-        bad(f"cluster has job(s) {sorted(unknown)} that MultiWorkerMirroredStrategy does not use: list all workers "
-            f"under \"worker\" (and at most one \"chief\"); {fix}")
+        return None, (f"cluster has job(s) {sorted(unknown)} that MultiWorkerMirroredStrategy does not use",
+                      f"list all workers under \"worker\" (and at most one \"chief\"); {fix}")
     workers = [*cluster.get("chief", []), *cluster.get("worker", [])]
     if not workers or not all(isinstance(w, str) and _host_port(w) for w in workers):
-        bad(f"cluster must list workers as \"host:port\" strings, got {json.dumps(cluster)}: {fix}")
+        return None, (f"cluster must list workers as \"host:port\" strings, got {json.dumps(cluster)}", fix)
     if len(set(workers)) != len(workers):
-        bad(f"lists an address twice ({json.dumps(cluster)}): give every worker its own host:port")
+        return None, (f"lists an address twice ({json.dumps(cluster)})", "give every worker its own host:port")
     task = config.get("task")
     if not isinstance(task, dict) or task.get("type") not in cluster or not isinstance(task.get("index"), int):
-        bad(f"task must be {{\"type\": one of {sorted(cluster)}, \"index\": integer}}, got {json.dumps(task)}: "
-            f"{fix}")
+        return None, (f"task must be {{\"type\": one of {sorted(cluster)}, \"index\": integer}}, got "
+                      f"{json.dumps(task)}", fix)
     listed = len(cluster[task["type"]])
     if not 0 <= task["index"] < listed:
-        bad(f"task index {task['index']} is outside the {listed} {task['type']}(s) listed: use 0..{listed - 1}")
-    return config
+        return None, (f"task index {task['index']} is outside the {listed} {task['type']}(s) listed",
+                      f"use 0..{listed - 1}")
+    return config, None
 
 
 def _host_port(address):

@@ -59,6 +59,7 @@ def main():
 
     tf.keras.utils.set_random_seed(args.seed + (rank if args.different_init_per_rank else 0))
     model = common.build_model(tf, args.model)
+    tf.keras.utils.set_random_seed(args.seed)  # the same global seed for the data pipeline on every rank
     optimizer = common.make_optimizer(tf, args, lr)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
@@ -84,6 +85,7 @@ def main():
         correct = tf.reduce_mean(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float32))
         return loss, correct
 
+    scalars = common.ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # Horovod: rank 0 logs.
     losses, accuracies, learning_rates = [], [], []
     started = time.time()
     iterator = iter(train)
@@ -109,8 +111,10 @@ def main():
         learning_rates.append(float(optimizer.learning_rate.numpy()))
         common.log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {means[0]:.4f}, accuracy {means[1]:.4f}, "
                           f"lr {learning_rates[-1]:.4g}")
-        if chief:  # Horovod: checkpoints from rank 0 only.
+        if chief:  # Horovod: logs and checkpoints from rank 0 only.
             checkpoints.save(checkpoint, epoch + 1)
+            if scalars:
+                scalars.write(epoch + 1, {"loss": means[0], "accuracy": means[1], "lr": learning_rates[-1]})
     seconds = time.time() - started
 
     test_loss, test_accuracy = common.hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
@@ -119,12 +123,14 @@ def main():
     max_difference = float(np.max(np.abs(everyone - everyone[0])))
     if chief and args.weights_out:
         common.save_weights_npz(args.weights_out, model)
+    exported = common.export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
     common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     common.report({
         "rank": rank, "size": size, "script": "hvd_custom_loop", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
-        "initial_epoch": start_epoch, "epochs": args.epochs, "losses": losses, "accuracies": accuracies,
+        "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported, "losses": losses,
+        "accuracies": accuracies,
         "learning_rates": learning_rates, "test_loss": test_loss, "test_accuracy": test_accuracy,
         "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()),

@@ -65,6 +65,7 @@ def main():
 
     tf.keras.utils.set_random_seed(args.seed + (rank if args.different_init_per_rank else 0))
     model = common.build_model(tf, args.model)
+    tf.keras.utils.set_random_seed(args.seed)  # the same global seed for the data pipeline on every rank
     optimizer = common.make_optimizer(tf, args, lr)
     optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod: average the gradients of all ranks.
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -115,12 +116,13 @@ def main():
     max_difference = float(np.max(np.abs(everyone - everyone[0])))
     if chief and args.weights_out:
         common.save_weights_npz(args.weights_out, model)
+    exported = common.export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
     common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     common.report({
         "rank": rank, "size": size, "script": "hvd_keras_fit", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
-        "initial_epoch": start_epoch, "epochs": args.epochs,
+        "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported,
         "losses": [float(v) for v in history.history.get("loss", [])],
         "accuracies": [float(v) for v in history.history.get("accuracy", [])],
         "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],

@@ -95,6 +95,7 @@ def main():
         sums = strategy.run(step_fn, args=(images, labels))
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, s, axis=None) for s in sums]  # MWMS: over workers.
 
+    scalars = common.ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # MWMS: the chief logs.
     losses, accuracies = [], []
     started = time.time()
     iterator = iter(train)
@@ -108,6 +109,8 @@ def main():
         accuracies.append(correct_sum / (steps * global_batch))
         common.log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.4f}")
         checkpoints.save(checkpoint, epoch + 1, participate=True)  # MWMS: the chief writes, all take part.
+        if scalars:
+            scalars.write(epoch + 1, {"loss": losses[-1], "accuracy": accuracies[-1]})
     seconds = time.time() - started
 
     totals = [0.0, 0.0, 0.0]
@@ -115,6 +118,7 @@ def main():
         totals = [t + float(v) for t, v in zip(totals, eval_step(images, labels))]
     test_loss, test_accuracy = totals[0] / totals[2], totals[1] / totals[2]
 
+    exported = common.export_saved_model(model, args.export_dir, chief) if args.export_dir else None  # MWMS: all
     if chief and args.weights_out:
         common.save_weights_npz(args.weights_out, model)
     flat = common.flat_weights(model)
@@ -124,7 +128,7 @@ def main():
         "addresses": cluster["addresses"], "is_chief": chief, "removed_proxy_variables": removed_proxies,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
         "global_batch": global_batch, "steps_per_epoch": steps, "lr": lr, "initial_epoch": start_epoch,
-        "epochs": args.epochs, "losses": losses, "accuracies": accuracies, "test_loss": test_loss,
+        "epochs": args.epochs, "exported": exported, "losses": losses, "accuracies": accuracies, "test_loss": test_loss,
         "test_accuracy": test_accuracy, "test_examples": totals[2], "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "checkpoints_written": checkpoints.written,

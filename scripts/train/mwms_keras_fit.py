@@ -27,7 +27,6 @@ def main():
     common.add_mwms_args(parser)
     parser.add_argument("--lr-decay-epochs", default="",
                         help="comma-separated epochs at which the learning rate is divided by 10 (seed 004)")
-    parser.add_argument("--export-dir", default=None, help="write the trained model here as a SavedModel (chief)")
     args = parser.parse_args()
     common.check_training_args(args)
     decay_epochs = common.parse_epochs(args.lr_decay_epochs)

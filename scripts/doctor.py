@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""tfhpc doctor: what this rank sees of its run-time environment, one verdict per check and the fix for each problem.
+
+Run it as one rank, or as every rank of a job the way the training will be launched:
+    apptainer exec --nv image.sif tfhpc-doctor
+    srun -N2 --ntasks-per-node=1 --mpi=pmix apptainer exec image.sif tfhpc-doctor
+    mpirun -np 2 tfhpc-doctor            horovodrun -np 2 tfhpc-doctor
+The launcher's rank 0 prints the whole report; other ranks print only their warnings and failures (every rank
+prints its report with --json, one JSON object per line). Exit status 1 when a check fails.
+
+Horovod, MPI and TensorFlow are probed in a child process that inherits this rank's environment: a launch that
+cannot wire up MPI (srun without PMI for the image's MPI) aborts the child, not the report.
+"""
+import argparse
+import ctypes
+import ctypes.util
+import fcntl
+import glob
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "train"))
+import common  # noqa: E402  (shipped next to this script)
+
+OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
+SCHEMA_VERSION = 1
+PROBE_TIMEOUT = 180
+
+# Runs in the child: MPI's view, Horovod's view and TensorFlow's build.
+PROBE = r"""
+import json, os
+result = {}
+import tensorflow as tf
+info = tf.sysconfig.get_build_info()
+result["tf_cuda_build"] = bool(info.get("is_cuda_build"))
+result["tf_cuda_version"] = info.get("cuda_version")
+result["tf_cudnn_version"] = info.get("cudnn_version")
+# MPI first, through mpi4py (Horovod then reuses the initialised MPI), and not afterwards: calling MPI while
+# Horovod's background thread does crashes now and then (measured). Skipped when horovodrun --gloo launched us.
+gloo = os.environ.get("HOROVOD_CONTROLLER") == "gloo" or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
+import mpi4py
+mpi4py.rc.initialize = not gloo
+from mpi4py import MPI
+if not gloo:
+    result.update(mpi_size=MPI.COMM_WORLD.Get_size(), mpi_rank=MPI.COMM_WORLD.Get_rank())
+result["mpi_library"] = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+import horovod.tensorflow as hvd
+result.update(hvd_mpi_built=bool(hvd.mpi_built()), hvd_gloo_built=bool(hvd.gloo_built()),
+              hvd_nccl_built=int(hvd.nccl_built() or 0))
+hvd.init()
+result.update(hvd_size=hvd.size(), hvd_rank=hvd.rank(), hvd_local_size=hvd.local_size(),
+              hvd_controller="mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none")
+print("DOCTOR-PROBE " + json.dumps(result), flush=True)
+"""
+
+
+class Report:
+    def __init__(self):
+        self.checks = []
+        self.facts = {}
+
+    def add(self, section, name, status, detail, fix=""):
+        self.checks.append({"section": section, "name": name, "status": status, "detail": detail, "fix": fix})
+
+    @property
+    def failed(self):
+        return any(check["status"] == FAIL for check in self.checks)
+
+    def summary(self):
+        return {status: sum(1 for c in self.checks if c["status"] == status) for status in (OK, INFO, WARN, FAIL)}
+
+
+def env(*names):
+    """The first of `names` set in the environment, as (name, value), or (None, None)."""
+    for name in names:
+        if os.environ.get(name, "") != "":
+            return name, os.environ[name]
+    return None, None
+
+
+def launcher_view():
+    """What the launcher says about this process: who started it, its rank and the number of ranks."""
+    slurm_step = "SLURM_STEP_ID" in os.environ or "SLURM_STEPID" in os.environ
+    launchers = [("horovodrun (Gloo)", "HOROVOD_RANK", "HOROVOD_SIZE"),
+                 ("Open MPI mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMI (MPICH hydra or srun --mpi=pmi2)", "PMI_RANK", "PMI_SIZE"),
+                 ("PMIx (srun --mpi=pmix)", "PMIX_RANK", None)]
+    for name, rank_var, size_var in launchers:
+        if rank_var in os.environ:
+            size = os.environ.get(size_var or "", "") or os.environ.get("SLURM_STEP_NUM_TASKS") or \
+                os.environ.get("SLURM_NTASKS") or ""
+            return {"launcher": name, "rank": int(os.environ[rank_var]), "size": int(size) if size.isdigit() else None,
+                    "slurm_step": slurm_step}
+    if slurm_step and "SLURM_PROCID" in os.environ:
+        size = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
+        return {"launcher": "srun (no PMI for MPI)", "rank": int(os.environ["SLURM_PROCID"]), "size": int(size),
+                "slurm_step": True}
+    return {"launcher": "none", "rank": 0, "size": 1, "slurm_step": False}
+
+
+# ------------------------------------------------------------------------------------------------------------------ #
+# Checks
+
+
+def check_runtime(report):
+    if os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER") or \
+            Path("/.singularity.d").is_dir():
+        name = "apptainer" if os.environ.get("APPTAINER_CONTAINER") or Path("/.singularity.d/actions").is_dir() \
+            and not os.environ.get("SINGULARITY_CONTAINER") else "singularity"
+        libs = sorted(Path(p).name for p in glob.glob("/.singularity.d/libs/*"))
+        nv = any(lib.startswith("libcuda.so") for lib in libs)
+        report.facts["runtime"] = name
+        report.facts["nv"] = nv
+        report.add("runtime", "container", OK, f"{name}; --nv {'given' if nv else 'not given'} "
+                   f"({len(libs)} host libraries in /.singularity.d/libs)")
+    elif Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        name = "podman" if Path("/run/.containerenv").exists() else "docker"
+        report.facts["runtime"] = name
+        report.facts["nv"] = bool(os.environ.get("NVIDIA_VISIBLE_DEVICES"))
+        report.add("runtime", "container", OK, f"{name}; NVIDIA runtime "
+                   f"{'active' if report.facts['nv'] else 'not active'}")
+    else:
+        report.facts["runtime"] = "host"
+        report.add("runtime", "container", INFO, "no container runtime detected: running on the host")
+    home = os.environ.get("HOME", "")
+    if not home or not os.access(home, os.W_OK):
+        report.add("runtime", "home", WARN, f"HOME={home or '(unset)'} is not writable",
+                   "horovodrun and Keras write to $HOME: bind a writable home or set HOME=$(mktemp -d)")
+
+
+def driver_cuda_version():
+    """(CUDA version the driver supports as 'major.minor', library path) or (None, None) without libcuda."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"{version.value // 1000}.{version.value % 1000 // 10}", name
+        return "unknown", name
+    return None, None
+
+
+def check_gpus(report, probe):
+    devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    driver, _ = driver_cuda_version()
+    cuda_image = probe.get("tf_cuda_build")
+    report.facts.update(gpu_devices=devices, driver_cuda=driver)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not cuda_image:
+        status = WARN if devices else INFO
+        report.add("gpu", "devices", status, f"CPU image; {len(devices)} GPU device(s) visible",
+                   "use the gpu flavour of the image to train on these GPUs" if devices else "")
+        return
+    wanted = f"CUDA {probe.get('tf_cuda_version')}, cuDNN {probe.get('tf_cudnn_version')}, " \
+             f"NCCL {probe.get('hvd_nccl_built') or 'none'}"
+    if not devices and driver is None:
+        report.add("gpu", "devices", WARN, f"no GPU visible: TensorFlow runs on the CPU (image built for {wanted})",
+                   "on a GPU node add --nv (apptainer) or --gpus all (docker)")
+        return
+    if devices and driver is None:
+        report.add("gpu", "driver", FAIL, f"{len(devices)} GPU device(s) but no libcuda: the driver libraries were "
+                   "not injected (apptainer issue 2261)",
+                   "add --nv (apptainer/singularity) or run with the NVIDIA container runtime (--gpus all)")
+        return
+    expected = str(probe.get("tf_cuda_version") or "0")
+    if driver != "unknown" and tuple(map(int, driver.split("."))) < tuple(map(int, expected.split(".")[:2])):
+        report.add("gpu", "driver", FAIL, f"driver supports CUDA {driver}, the image needs {expected}",
+                   "use nodes with a newer NVIDIA driver, or an image built for an older CUDA")
+    else:
+        report.add("gpu", "driver", OK, f"{len(devices)} device(s), CUDA_VISIBLE_DEVICES={visible}, driver CUDA "
+                   f"{driver}; image: {wanted}")
+
+
+def check_launcher(report, launch, probe, probe_error):
+    report.facts["launcher"] = launch
+    sizes = {"launcher": launch["size"]}
+    if probe_error:
+        fix = "under Slurm: srun --mpi=pmix (see `srun --mpi=list`); or start the ranks with mpirun/horovodrun"
+        report.add("launcher", "horovod init", FAIL, f"Horovod/MPI did not start: {probe_error}", fix)
+        return
+    sizes["horovod"] = probe.get("hvd_size")
+    if "mpi_size" in probe:
+        sizes["mpi"] = probe["mpi_size"]
+    report.facts["sizes"] = sizes
+    detail = ", ".join(f"{k} {v}" for k, v in sizes.items()) + \
+        f" (launcher: {launch['launcher']}; Horovod controller: {probe.get('hvd_controller')})"
+    known = [v for v in sizes.values() if v is not None]
+    if len(set(known)) > 1:
+        if launch["slurm_step"] and not any(k in os.environ for k in ("PMIX_RANK", "PMI_RANK")):
+            fix = ("srun started the tasks without PMI for the image's MPI: use srun --mpi=pmix (Open MPI) or "
+                   "--mpi=pmi2 (MPICH), matching `srun --mpi=list` (apptainer issue 5203)")
+        else:
+            fix = ("launch the ranks with the MPI of the image (mpirun inside it, or horovodrun), or a host MPI "
+                   "ABI-compatible with it; see horovod issue 2417")
+        report.add("launcher", "world size", FAIL, f"the world sizes disagree: {detail}: every rank trains alone "
+                   "(the size()==1 trap)", fix)
+    else:
+        report.add("launcher", "world size", OK, f"size {known[0]} everywhere: {detail}")
+
+
+def ipv4_address(name):
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+
+def check_network(report):
+    interfaces = {}
+    for path in sorted(glob.glob("/sys/class/net/*")):
+        name = Path(path).name
+        state = Path(path, "operstate").read_text().strip() if Path(path, "operstate").exists() else "?"
+        interfaces[name] = {"state": state, "ipv4": ipv4_address(name)}
+    report.facts["interfaces"] = interfaces
+    report.add("network", "interfaces", INFO, ", ".join(f"{n} {i['ipv4'] or '-'} ({i['state']})"
+                                                       for n, i in interfaces.items()) or "none")
+    hcas = sorted(Path(p).name for p in glob.glob("/sys/class/infiniband/*"))
+    verbs = ctypes.util.find_library("ibverbs")
+    providers = sorted(Path(p).stem for p in glob.glob("/etc/libibverbs.d/*.driver"))
+    report.facts.update(infiniband=hcas, libibverbs=verbs, verbs_providers=providers)
+    if hcas and not (verbs and providers):
+        report.add("network", "infiniband", WARN, f"RDMA device(s) {', '.join(hcas)} but no libibverbs "
+                   f"{'provider' if verbs else 'library'} in the image: NCCL falls back to TCP sockets "
+                   "(nccl-tests issue 41)", "bind the host's rdma-core libraries and /etc/libibverbs.d, or build the "
+                   "image with rdma-core (ibverbs-providers)")
+    elif hcas:
+        report.add("network", "infiniband", OK, f"{', '.join(hcas)} with verbs providers {', '.join(providers)}")
+    else:
+        report.add("network", "infiniband", INFO, "no InfiniBand/RoCE device: NCCL and Gloo use TCP sockets")
+    candidates = [n for n, i in interfaces.items() if n != "lo" and i["ipv4"]]
+    for variable, user in (("NCCL_SOCKET_IFNAME", "NCCL"), ("HOROVOD_GLOO_IFACE", "Gloo"),
+                           ("GLOO_SOCKET_IFNAME", "Gloo")):
+        value = os.environ.get(variable)
+        if not value:
+            continue
+        exclude = value.startswith("^")
+        prefixes = [p.lstrip("=") for p in value.lstrip("^").split(",") if p]
+        exact = value.lstrip("^").startswith("=") or variable != "NCCL_SOCKET_IFNAME"
+        matches = [n for n in interfaces if any(n == p if exact else n.startswith(p) for p in prefixes)]
+        if not exclude and not matches:
+            report.add("network", variable, FAIL, f"{variable}={value} matches no interface here "
+                       f"({', '.join(interfaces)}): {user} cannot start",
+                       f"set {variable} to one of: {', '.join(candidates) or ', '.join(interfaces)}")
+        else:
+            report.add("network", variable, OK, f"{variable}={value}: {user} uses "
+                       f"{', '.join(sorted(set(interfaces) - set(matches))) if exclude else ', '.join(matches)}")
+    if "NCCL_SOCKET_IFNAME" not in os.environ:
+        ib = "InfiniBand verbs" if hcas and verbs and providers and os.environ.get("NCCL_IB_DISABLE") != "1" else None
+        report.add("network", "nccl", INFO, f"NCCL would use {ib or 'TCP on ' + (', '.join(candidates) or 'lo')} "
+                   f"(NCCL_IB_HCA={os.environ.get('NCCL_IB_HCA', 'unset')}, "
+                   f"NCCL_IB_DISABLE={os.environ.get('NCCL_IB_DISABLE', 'unset')})")
+
+
+def check_proxies(report, tf_config):
+    proxies = {name: os.environ[name] for name in common.PROXY_VARIABLES if os.environ.get(name)}
+    if not proxies:
+        report.add("proxies", "http proxy", OK, "no HTTP proxy in the environment")
+        return
+    no_proxy = {h.strip() for h in (os.environ.get("no_proxy", "") + "," + os.environ.get("NO_PROXY", "")).split(",")
+                if h.strip()}
+    hosts = set()
+    if tf_config:
+        for workers in tf_config["cluster"].values():
+            hosts.update(address.rpartition(":")[0] for address in workers)
+    if hosts and hosts <= no_proxy:
+        report.add("proxies", "http proxy", OK, f"{', '.join(proxies)} set, but no_proxy covers every TF_CONFIG host")
+        return
+    report.add("proxies", "http proxy", FAIL, f"{', '.join(sorted(proxies))} set: gRPC, which MultiWorkerMirrored"
+               "Strategy uses between workers, would go through the proxy and hang (tensorflow issue 24887)",
+               f"unset {' '.join(sorted(proxies))} for the job (the train-mwms entrypoints remove them unless "
+               "--keep-proxy), or add every worker host to no_proxy")
+
+
+def check_tf_config(report, launch):
+    text = os.environ.get("TF_CONFIG")
+    config = None
+    if text is None:
+        report.add("tf_config", "TF_CONFIG", INFO, "not set (Horovod does not use it; MWMS then reads the Slurm step "
+                   "or runs alone)")
+    else:
+        config, problem = common.tf_config_problem(text)
+        if problem:
+            report.add("tf_config", "TF_CONFIG", FAIL, f"TF_CONFIG {problem[0]}", problem[1])
+        else:
+            task = config["task"]
+            workers = [*config["cluster"].get("chief", []), *config["cluster"].get("worker", [])]
+            report.add("tf_config", "TF_CONFIG", OK, f"{task['type']} {task['index']} of {len(workers)} workers: "
+                       f"{config['cluster'][task['type']][task['index']]}")
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job.isdigit() and text is None and launch["slurm_step"]:
+        base = common.slurm_port_base(int(job))
+        port = base + int(os.environ.get("SLURM_LOCALID", "0") or 0)
+        try:
+            with socket.socket() as sock:
+                sock.bind(("", port))
+            report.add("tf_config", "slurm port", OK, f"SlurmClusterResolver port {port} (base {base} from job {job}) "
+                       "is free")
+        except OSError:
+            report.add("tf_config", "slurm port", FAIL, f"port {port} (base {base} from job {job}) is in use on "
+                       f"{socket.gethostname()}: another job shares the node", "pass --port-base with a free range")
+    return config
+
+
+def check_build(report, probe, probe_error):
+    versions = {}
+    for name in ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    report.facts["versions"] = versions
+    report.add("build", "versions", INFO, ", ".join(f"{k} {v}" for k, v in versions.items()) +
+               (f"; {probe['mpi_library']}" if probe.get("mpi_library") else ""))
+    if probe_error:
+        return
+    built = {"MPI": probe.get("hvd_mpi_built"), "Gloo": probe.get("hvd_gloo_built"),
+             "NCCL": bool(probe.get("hvd_nccl_built"))}
+    missing = [name for name, present in built.items() if not present and (name != "NCCL" or
+                                                                          probe.get("tf_cuda_build"))]
+    detail = "Horovod built with " + ", ".join(name for name, present in built.items() if present)
+    if missing:
+        report.add("build", "horovod", FAIL, f"{detail}; missing {', '.join(missing)}",
+                   "rebuild the image (make image); this image cannot run the operations listed")
+    else:
+        report.add("build", "horovod", OK, detail)
+
+
+def run_probe(timeout):
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {}, f"no answer within {timeout} s (a rank waiting for peers that never came)"
+    for line in done.stdout.splitlines():
+        if line.startswith("DOCTOR-PROBE "):
+            return json.loads(line[len("DOCTOR-PROBE "):]), None
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    interesting = [line for line in lines if any(w in line.lower() for w in ("error", "abort", "pmi", "slurm"))]
+    return {}, f"exit {done.returncode}: {' / '.join((interesting or lines)[-3:])[:400]}"
+
+
+def diagnose(timeout=PROBE_TIMEOUT):
+    report = Report()
+    launch = launcher_view()
+    probe, probe_error = run_probe(timeout)
+    check_runtime(report)
+    check_gpus(report, probe)
+    check_launcher(report, launch, probe, probe_error)
+    check_network(report)
+    tf_config = check_tf_config(report, launch)
+    check_proxies(report, tf_config)
+    check_build(report, probe, probe_error)
+    report.facts["probe"] = probe
+    return report, launch
+
+
+def render_text(report, launch, everything):
+    marks = {OK: " ok ", INFO: "info", WARN: "warn", FAIL: "FAIL"}
+    lines = [f"tfhpc doctor on {socket.gethostname()}, rank {launch['rank']} of {launch['size']} "
+             f"({launch['launcher']})"] if everything else []
+    section = None
+    for check in report.checks:
+        if not everything and check["status"] not in (WARN, FAIL):
+            continue
+        if everything and check["section"] != section:
+            section = check["section"]
+            lines.append(section)
+        prefix = "" if everything else f"rank {launch['rank']} on {socket.gethostname()}: "
+        lines.append(f"  [{marks[check['status']]}] {prefix}{check['name']}: {check['detail']}")
+        if check["fix"]:
+            lines.append(f"         fix: {check['fix']}")
+    if everything:
+        counts = report.summary()
+        verdict = "FAIL" if report.failed else "OK"
+        lines.append(f"verdict: {verdict} ({counts[FAIL]} failed, {counts[WARN]} warnings, {counts[OK]} ok)")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object (every rank)")
+    parser.add_argument("--timeout", type=int, default=PROBE_TIMEOUT,
+                        help="seconds to wait for Horovod/MPI to start (default: %(default)s)")
+    args = parser.parse_args()
+    report, launch = diagnose(args.timeout)
+    if args.json:
+        print(json.dumps({"schema_version": SCHEMA_VERSION, "host": socket.gethostname(), "rank": launch["rank"],
+                          "ok": not report.failed, "summary": report.summary(), "checks": report.checks,
+                          "facts": report.facts}), flush=True)
+    else:
+        text = render_text(report, launch, everything=launch["rank"] == 0)
+        if text:
+            print(text, flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

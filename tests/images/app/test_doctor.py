@@ -1,0 +1,106 @@
+"""The doctor entrypoint, tested by creating each condition it must detect (issue 9): a healthy 2-rank run under
+horovodrun and mpirun passes with size 2 everywhere; srun-style tasks whose MPI cannot wire up (each rank alone) are
+flagged; HTTP proxies, a malformed TF_CONFIG and an NCCL interface that does not exist are flagged with a fix; no GPU
+here is reported without failing. Every --json report validates against scripts/doctor.schema.json."""
+import json
+import shlex
+
+import jsonschema
+import pytest
+
+from conftest import REPO_ROOT
+
+SCHEMA = json.loads((REPO_ROOT / "scripts" / "doctor.schema.json").read_text())
+TWO_SLURM_TASKS = ("for i in 0 1; do SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=$i SLURM_LOCALID=$i "
+                   "SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 tfhpc-doctor --json > /tmp/doctor.$i & done; "
+                   "wait %1; a=$?; wait %2; b=$?; cat /tmp/doctor.0 /tmp/doctor.1; echo \"exits $a $b\"")
+
+
+def reports(output):
+    """Every JSON report in the output (horovodrun prefixes lines with the rank), validated, sorted by rank."""
+    found = []
+    for line in output.splitlines():
+        if "{" in line:
+            report = json.loads(line[line.index("{"):])
+            jsonschema.validate(report, SCHEMA)
+            found.append(report)
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def check(report, name):
+    matches = [c for c in report["checks"] if c["name"] == name]
+    assert len(matches) == 1, (name, report["checks"])
+    return matches[0]
+
+
+def doctor(host, environment="", arguments="--json"):
+    result = host.run(f"env {environment} tfhpc-doctor {arguments}")
+    return result.rc, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun -np 2", "horovodrun -np 2 --gloo", "mpirun -np 2"])
+def test_healthy_two_rank_run_passes_with_size_two_everywhere(host, image_layer, launcher):
+    result = host.run(f"{launcher} tfhpc-doctor --json")
+    found = reports(result.stdout)
+    assert result.rc == 0, result.stdout + result.stderr
+    assert [r["rank"] for r in found] == [0, 1]
+    for report in found:
+        assert report["ok"] and report["summary"]["fail"] == 0, report["checks"]
+        assert set(report["facts"]["sizes"].values()) == {2}, report["facts"]["sizes"]
+        assert "size 2 everywhere" in check(report, "world size")["detail"]
+    if "mpirun" in launcher or "--gloo" not in launcher:
+        assert found[0]["facts"]["sizes"].get("mpi") == 2
+
+
+def test_tasks_that_each_see_size_one_are_flagged_on_every_rank(host, image_layer):
+    # srun without --mpi=pmix: Slurm says 2 tasks, but the image's MPI starts each rank as a world of 1.
+    result = host.run(TWO_SLURM_TASKS)
+    found = reports(result.stdout)
+    assert result.stdout.strip().endswith("exits 1 1"), result.stdout
+    assert [r["rank"] for r in found] == [0, 1]
+    for report in found:
+        world = check(report, "world size")
+        assert world["status"] == "fail" and "size()==1" in world["detail"], world
+        assert report["facts"]["sizes"] == {"launcher": 2, "horovod": 1, "mpi": 1}
+        assert "--mpi=pmix" in world["fix"]
+        assert check(report, "slurm port")["status"] == "ok"  # the job id's port block is free here
+
+
+def test_http_proxy_is_flagged_unless_no_proxy_covers_the_workers(host, image_layer):
+    rc, out, _ = doctor(host, "http_proxy=http://proxy.invalid:3128")
+    report = reports(out)[0]
+    proxy = check(report, "http proxy")
+    assert rc == 1 and proxy["status"] == "fail" and "unset http_proxy" in proxy["fix"]
+    tf_config = json.dumps({"cluster": {"worker": ["node1:2222", "node2:2222"]}, "task": {"type": "worker", "index": 0}})
+    rc, out, _ = doctor(host, f"http_proxy=http://proxy.invalid:3128 no_proxy=node1,node2 "
+                              f"TF_CONFIG={shlex.quote(tf_config)}")
+    report = reports(out)[0]
+    assert rc == 0 and check(report, "http proxy")["status"] == "ok"
+    assert check(report, "TF_CONFIG")["detail"] == "worker 0 of 2 workers: node1:2222"
+
+
+@pytest.mark.parametrize("tf_config, phrase", [
+    ("{not json", "is not valid JSON"),
+    ('{"cluster": {"worker": ["node1:2222"]}, "task": {"type": "worker", "index": 3}}', "task index 3 is outside"),
+    ('{"cluster": {"worker": ["node1"]}, "task": {"type": "worker", "index": 0}}', "host:port"),
+])
+def test_malformed_tf_config_is_flagged(host, image_layer, tf_config, phrase):
+    rc, out, _ = doctor(host, f"TF_CONFIG={shlex.quote(tf_config)}")
+    entry = check(reports(out)[0], "TF_CONFIG")
+    assert rc == 1 and entry["status"] == "fail" and phrase in entry["detail"] and entry["fix"], entry
+
+
+def test_nccl_interface_that_does_not_exist_is_flagged(host, image_layer):
+    rc, out, _ = doctor(host, "NCCL_SOCKET_IFNAME=ib9")
+    entry = check(reports(out)[0], "NCCL_SOCKET_IFNAME")
+    assert rc == 1 and entry["status"] == "fail" and "eth0" in entry["fix"], entry
+    rc, out, _ = doctor(host, "NCCL_SOCKET_IFNAME=eth")
+    assert rc == 0 and check(reports(out)[0], "NCCL_SOCKET_IFNAME")["status"] == "ok"
+
+
+def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(host, image_layer):
+    rc, out, err = doctor(host, arguments="")
+    assert rc == 0, out + err
+    assert "[info] devices: CPU image; 0 GPU device(s) visible" in out
+    assert out.strip().splitlines()[-1].startswith("verdict: OK (0 failed")
+    assert "[ ok ] horovod: Horovod built with MPI, Gloo" in out

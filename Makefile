@@ -17,7 +17,7 @@ VENV ?= .venv##    host virtual environment for the tooling and tests
 export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY
 PYTHON := $(VENV)/bin/python
 
-.PHONY: help venv image sif recipes native-sif test test-unit test-images clean clean-all show
+.PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -49,8 +49,11 @@ show: venv ## print the resolved versions, build arguments and image names
 test: sif ## build images and SIF if needed, then run every test: tooling, each image (+ ancestors' tests), SIF
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
+test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Gloo, MWMS) and a Slurm cluster
+	$(PYTHON) -m pytest tests/cluster $(PYTEST_ARGS)
+
 test-unit: venv ## tooling tests only (no docker needed)
-	$(PYTHON) -m pytest -m "not image" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
 clean: venv ## remove dangling images and the docker build cache
 	$(PYTHON) -m tfhpc clean

@@ -261,6 +261,22 @@ def check_network(report):
                    f"NCCL_IB_DISABLE={os.environ.get('NCCL_IB_DISABLE', 'unset')})")
 
 
+def check_hosts(report, hosts):
+    """--hosts: every name of a host list (horovodrun -H, mpirun -H, TF_CONFIG) must resolve from this node."""
+    names = [h.rpartition(":")[0] if h.rpartition(":")[2].isdigit() else h for h in hosts.split(",") if h]
+    unknown = []
+    for name in names:
+        try:
+            socket.getaddrinfo(name, None)
+        except OSError:
+            unknown.append(name)
+    if unknown:
+        report.add("network", "hosts", FAIL, f"{', '.join(unknown)} does not resolve from {socket.gethostname()}",
+                   "check the spelling against the job's node list (scontrol show hostnames) or /etc/hosts")
+    else:
+        report.add("network", "hosts", OK, f"{', '.join(names)} resolve")
+
+
 def check_proxies(report, tf_config):
     proxies = {name: os.environ[name] for name in common.PROXY_VARIABLES if os.environ.get(name)}
     if not proxies:
@@ -348,7 +364,7 @@ def run_probe(timeout):
     return {}, f"exit {done.returncode}: {' / '.join((interesting or lines)[-3:])[:400]}"
 
 
-def diagnose(timeout=PROBE_TIMEOUT):
+def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
     report = Report()
     launch = launcher_view()
     probe, probe_error = run_probe(timeout)
@@ -356,6 +372,8 @@ def diagnose(timeout=PROBE_TIMEOUT):
     check_gpus(report, probe)
     check_launcher(report, launch, probe, probe_error)
     check_network(report)
+    if hosts:
+        check_hosts(report, hosts)
     tf_config = check_tf_config(report, launch)
     check_proxies(report, tf_config)
     check_build(report, probe, probe_error)
@@ -390,8 +408,10 @@ def main():
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object (every rank)")
     parser.add_argument("--timeout", type=int, default=PROBE_TIMEOUT,
                         help="seconds to wait for Horovod/MPI to start (default: %(default)s)")
+    parser.add_argument("--hosts", default="",
+                        help="comma-separated host list (host or host:slots) that must resolve from here")
     args = parser.parse_args()
-    report, launch = diagnose(args.timeout)
+    report, launch = diagnose(args.timeout, args.hosts)
     if args.json:
         print(json.dumps({"schema_version": SCHEMA_VERSION, "host": socket.gethostname(), "rank": launch["rank"],
                           "ok": not report.failed, "summary": report.summary(), "checks": report.checks,

@@ -12,6 +12,7 @@ value differs from the expected one.
 """
 import argparse
 import json
+import socket
 import sys
 
 import numpy as np
@@ -40,7 +41,7 @@ def main():
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     size, rank = hvd.size(), hvd.rank()
     failures = []
-    result = {"rank": rank, "size": size, "local_size": hvd.local_size(),
+    result = {"host": socket.gethostname(), "rank": rank, "size": size, "local_size": hvd.local_size(),
               "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "unknown",
               "allreduce": {}, "broadcast": None, "allgather": None}
     if size < args.min_ranks:

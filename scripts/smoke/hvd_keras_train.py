@@ -9,6 +9,7 @@ weights are identical on all ranks.
 """
 import argparse
 import json
+import socket
 import sys
 
 import numpy as np
@@ -73,7 +74,7 @@ def main():
         failures.append(f"loss did not fall by half: {losses}")
     if max_difference != 0.0:
         failures.append(f"weights differ across ranks by up to {max_difference}")
-    result = {"rank": hvd.rank(), "size": hvd.size(), "losses": losses,
+    result = {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(), "losses": losses,
               "accuracy": float(history.history["accuracy"][-1]),
               "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
               "keras_package": type(model).__module__.split(".")[0], "failures": failures}

@@ -1,0 +1,90 @@
+"""Multi-node tests (issue 5): containers as nodes on their own docker network (tfhpc/cluster.py).
+
+`image_cluster`: 2 nodes of the app image (+ sshd): mpirun/horovodrun across nodes, MWMS with TF_CONFIG.
+`slurm_cluster`: slurmctld + 2 slurmd nodes that run the SIF with apptainer, as a site does; jobs are the shipped
+Slurm scripts (scripts/slurm/). Clusters are removed after the module, also when a test fails; a failing test's
+output ends with every node's log (the `cluster_report` hook below).
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfhpc.build import resolve_ca_bundle  # noqa: E402
+from tfhpc.cluster import Cluster, image_node_image, slurm_node_image  # noqa: E402
+from tfhpc.manifest import Manifest  # noqa: E402
+from tfhpc.sif import SIF_DIR, builder_image, sif_path  # noqa: E402
+
+MANIFEST = Manifest()
+CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
+                         os.environ.get("MPI") or None)
+CA_BUNDLE = resolve_ca_bundle(os.environ.get("CA_BUNDLE") or os.environ.get("PIP_CERT") or
+                              ("/etc/ssl/certs/ca-certificates.crt"
+                               if Path("/etc/ssl/certs/ca-certificates.crt").is_file() else None))
+NODES = ["node1", "node2"]
+CLUSTERS = []
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        for cluster in CLUSTERS:
+            report.sections.append((f"cluster {cluster.name}", cluster.report()))
+
+
+def started(cluster):
+    CLUSTERS.append(cluster)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def image_cluster():
+    image = image_node_image(CONFIG, CA_BUNDLE)
+    cluster = started(Cluster.start(image, NODES))
+    try:
+        yield cluster
+    finally:
+        CLUSTERS.remove(cluster)
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def sif():
+    path = sif_path(CONFIG, MANIFEST.layers.leaf)
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `make sif` first")
+    return f"/sif/{path.name}"
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(sif, tmp_path_factory):
+    helper = builder_image(MANIFEST, CONFIG, os.environ.get("BASE_SOURCE") or "auto", CA_BUNDLE)
+    image = slurm_node_image(MANIFEST, CONFIG, CA_BUNDLE, helper)
+    services = {"ctl": ["munged", "slurmctld", "sshd"], **{n: ["munged", "slurmd", "sshd"] for n in NODES}}
+    shared = tmp_path_factory.mktemp("slurm-jobs")  # job output, on every node as on a shared file system
+    shared.chmod(0o777)
+    volumes = {str(SIF_DIR): "/sif:ro", str(REPO_ROOT / "scripts" / "slurm"): "/jobs/scripts:ro",
+               str(shared): "/jobs/out"}
+    cluster = started(Cluster.start(image, ["ctl", *NODES], services=services, volumes=volumes, apptainer=True,
+                                    slurm="ctl"))
+    try:
+        rc, out = cluster.run("ctl", "for i in $(seq 60); do sinfo -h -o '%T %D' | grep -q '^idle 2' && exit 0; "
+                                     "sleep 1; done; sinfo; exit 1", timeout=90)
+        assert rc == 0, f"Slurm nodes did not become idle:\n{out}"
+        yield cluster
+    finally:
+        CLUSTERS.remove(cluster)
+        cluster.stop()

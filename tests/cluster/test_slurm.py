@@ -1,0 +1,81 @@
+"""A real Slurm (slurmctld + 2 slurmd, munge) in containers: the shipped job scripts (scripts/slurm/) submitted with
+sbatch run the SIF on 2 nodes through `srun ... apptainer exec`; each test reads the job's output, checks the values,
+that 2 ranks on 2 different hosts took part, and that Slurm recorded the job as COMPLETED (or FAILED when it must)."""
+import json
+import re
+
+import pytest
+
+from conftest import NODES
+
+
+def results(output):
+    found = [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def sbatch(cluster, sif, script, arguments="", options="", timeout=900):
+    """Submit a job script as the user, wait for it; returns (job id, job state, exit status, output)."""
+    rc, out = cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} sbatch --parsable --wait {options} "
+                                 f"--output=/jobs/out/%j.out /jobs/scripts/{script} {arguments}", timeout=timeout)
+    match = re.search(r"^(\d+)", out, re.M)
+    assert match, f"sbatch gave no job id:\n{out}"
+    job = match.group(1)
+    _, state = cluster.run("ctl", f"scontrol show job {job} | grep -o 'JobState=[A-Z_]*'")
+    _, output = cluster.run("ctl", f"cat /jobs/out/{job}.out")
+    return job, state.strip().partition("=")[2], rc, output
+
+
+def test_generic_pmix_job_runs_the_allreduce_smoke_test_on_two_nodes(slurm_cluster, sif):
+    job, state, rc, output = sbatch(slurm_cluster, sif, "pmix-generic.sbatch",
+                                    "tfhpc-smoke-collectives --sizes 1,1023,65536")
+    reports = results(output)
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert [(r["rank"], r["size"], r["controller"]) for r in reports] == [(0, 2, "mpi"), (1, 2, "mpi")], output
+    assert {r["host"] for r in reports} == set(NODES)
+    assert not any(r["failures"] for r in reports) and reports[0]["allreduce"] == reports[1]["allreduce"]
+
+
+def test_daint_horovod_job_trains_with_identical_weights(slurm_cluster, sif):
+    job, state, rc, output = sbatch(slurm_cluster, sif, "horovod-daint.sbatch", "tfhpc-smoke-train --epochs 3")
+    reports = results(output)
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert {r["host"] for r in reports} == set(NODES) and [r["size"] for r in reports] == [2, 2]
+    assert all(r["max_weight_difference_across_ranks"] == 0.0 for r in reports)
+    assert reports[0]["losses"][-1] < 0.5 * reports[0]["losses"][0]
+    assert "tfhpc: 2 node(s), 2 rank(s): tfhpc-smoke-train --epochs 3" in output
+
+
+def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
+    job, state, rc, output = sbatch(slurm_cluster, sif, "mwms-jeanzay.sbatch",
+                                    "--epochs 2 --train-samples 2000 --test-samples 400 --verbose 0")
+    reports = results(output)
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert [r["replicas_in_sync"] for r in reports] == [2, 2]
+    assert {a.rpartition(":")[0] for a in reports[0]["addresses"]} == set(NODES)
+    port = int(reports[0]["addresses"][0].rpartition(":")[2])
+    assert 10000 <= port < 20000 and (port - 10000) % 32 == 0  # the job id's port block
+    assert reports[0]["weights_sum"] == reports[1]["weights_sum"]
+
+
+def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cluster, sif):
+    job, state, rc, output = sbatch(slurm_cluster, sif, "pmix-generic.sbatch", "tfhpc-doctor --json")
+    reports = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert sorted(r["host"] for r in reports) == NODES
+    assert all(set(r["facts"]["sizes"].values()) == {2} for r in reports), [r["facts"]["sizes"] for r in reports]
+    assert all(r["facts"]["runtime"] == "apptainer" for r in reports)
+    # The same job with srun --mpi=none: Slurm starts 2 tasks, each MPI world has 1 rank; the doctor says so.
+    rc, out = slurm_cluster.run("ctl", f"srun -N2 -n2 --mpi=none apptainer exec {sif} tfhpc-doctor --json",
+                                timeout=300)
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert rc != 0 and len(reports) == 2, out
+    for report in reports:
+        world = [c for c in report["checks"] if c["name"] == "world size"][0]
+        assert world["status"] == "fail" and "--mpi=pmix" in world["fix"], world
+
+
+@pytest.mark.parametrize("script", ["horovod-daint.sbatch", "mwms-jeanzay.sbatch", "pmix-generic.sbatch"])
+def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
+    rc, out = slurm_cluster.run("ctl", f"cd /tmp && bash /jobs/scripts/{script} 2>&1")
+    assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out

@@ -161,6 +161,14 @@ def _post(recipe) -> list[str]:
     return lines
 
 
+def _files_line(source: str, destination: str) -> str:
+    """COPY dir/ /dest/ copies the directory's content; %files does that only without the trailing slashes (with
+    them, apptainer makes /dest/dir)."""
+    if (REPO_ROOT / source).is_dir():
+        return f"{source.rstrip('/')} {destination.rstrip('/')}"
+    return f"{source} {destination}"
+
+
 def _runscript(entrypoint, cmd) -> list[str]:
     def words(value):
         if value is None:
@@ -200,7 +208,7 @@ def render(manifest: Manifest, config: Config, layer: str, root: str = "docker")
         out.append("\n%arguments\n" + _indent(f"{name}={value}" for name, value in stage.arguments.items())
                    + _indent(f"{arg}=" for arg in SECRETS.values()))
         out.append("\n%setup\n" + SETUP)
-        files = [f"{src} {dst}" for src, dst in recipe.files]
+        files = [_files_line(src, dst) for src, dst in recipe.files]
         if files:
             out.append("\n%files\n" + _indent(files))
         for from_stage, source, target in stage.binds:
@@ -257,6 +265,8 @@ def write_all(manifest: Manifest) -> list[Path]:
     """Write every recipe (atomically each) and remove stale ones; returns the paths written."""
     files = expected_files(manifest)
     for path, text in files.items():
+        if path.is_file() and path.read_text() == text:
+            continue  # untouched: its time stamp tells `make native-sif` what is up to date
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".def.partial")
         partial.write_text(text)
@@ -301,6 +311,13 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
             (workdir / "ca_bundle").chmod(0o644)
             build_args += ["--build-arg", f"CA_BUNDLE={workdir / 'ca_bundle'}"]
         for layer, recipe in recipes.items():
+            target = REPO_ROOT / sif_name(config, layer)
+            parent = manifest.layers.get(layer).parent
+            inputs = [recipe] + ([REPO_ROOT / sif_name(config, parent)] if parent else [])
+            if target.is_file() and all(target.stat().st_mtime > p.stat().st_mtime for p in inputs):
+                log(f"{layer}: {target.relative_to(REPO_ROOT)} is newer than its recipe and parent: kept")
+                built.append(target)
+                continue
             started = time.monotonic()
             definition = recipe
             if not manifest.layers.get(layer).parent:
@@ -318,7 +335,6 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
             partial = workdir / f"{layer}.sif"
             run_apptainer(helper, workdir, ["build", "--force", *build_args, str(partial), str(definition)],
                           cwd=REPO_ROOT)
-            target = REPO_ROOT / sif_name(config, layer)
             partial.replace(target)
             timings[layer] = round(time.monotonic() - started, 1)
             log(f"{layer}: wrote {target.relative_to(REPO_ROOT)} ({target.stat().st_size / 1e6:.0f} MB) "

@@ -4,10 +4,12 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root
+# pam_loginuid cannot write a login uid in a container: optional, or ssh logins fail.
 # ssh sessions do not see Docker's ENV: /etc/environment (read by PAM) gives remote ranks the image's PATH and
 # settings, as a site's module or profile would.
 RUN --mount=type=secret,id=ca_bundle set -eu; \
     apt-install openssh-server; \
+    sed -i 's/^session\s*required\s*pam_loginuid.so/session optional pam_loginuid.so/' /etc/pam.d/sshd; \
     rm -f /etc/ssh/ssh_host_*; \
     env | grep -E '^(PATH|LANG|LC_ALL|PYTHONDONTWRITEBYTECODE|TF_[A-Z_]+|OMPI_MCA_[a-z_]+|TFHPC_[A-Z_]+)=' \
         > /etc/environment

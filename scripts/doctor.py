@@ -184,7 +184,10 @@ def check_launcher(report, launch, probe, probe_error):
     sizes = {"launcher": launch["size"]}
     if probe_error:
         fix = "under Slurm: srun --mpi=pmix (see `srun --mpi=list`); or start the ranks with mpirun/horovodrun"
-        report.add("launcher", "horovod init", FAIL, f"Horovod/MPI did not start: {probe_error}", fix)
+        cause = ""
+        if launch["slurm_step"] and not any(k in os.environ for k in ("PMIX_RANK", "PMI_RANK", "PMI_FD")):
+            cause = f"srun started {launch['size']} task(s) without PMI (--mpi=none or a site default): "
+        report.add("launcher", "horovod init", FAIL, f"{cause}Horovod/MPI did not start: {probe_error}", fix)
         return
     sizes["horovod"] = probe.get("hvd_size")
     if "mpi_size" in probe:

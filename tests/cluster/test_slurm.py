@@ -46,6 +46,26 @@ def test_daint_horovod_job_trains_with_identical_weights(slurm_cluster, sif):
     assert "tfhpc: 2 node(s), 2 rank(s): tfhpc-smoke-train --epochs 3" in output
 
 
+def test_gloo_job_without_mpi_allreduces_on_two_nodes(slurm_cluster, sif):
+    job, state, rc, output = sbatch(slurm_cluster, sif, "gloo-nompi.sbatch",
+                                    "tfhpc-smoke-collectives --sizes 1,1023,65536")
+    reports = results(output)
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert [(r["rank"], r["size"], r["controller"]) for r in reports] == [(0, 2, "gloo"), (1, 2, "gloo")], output
+    assert {r["host"] for r in reports} == set(NODES)
+    assert not any(r["failures"] for r in reports)
+
+
+def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):
+    # The nodes' own Open MPI (same 4.1 series as the image's) launches over ssh, apptainer exec on each node.
+    rc, out = slurm_cluster.run("node1", f"mpirun -np 2 -H node1,node2 apptainer exec {sif} "
+                                         "tfhpc-smoke-collectives --sizes 1,1023", timeout=300)
+    reports = results(out)
+    assert rc == 0, out
+    assert {r["host"] for r in reports} == set(NODES) and [r["size"] for r in reports] == [2, 2]
+    assert not any(r["failures"] for r in reports)
+
+
 def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
     job, state, rc, output = sbatch(slurm_cluster, sif, "mwms-jeanzay.sbatch",
                                     "--epochs 2 --train-samples 2000 --test-samples 400 --verbose 0")
@@ -65,8 +85,9 @@ def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cl
     assert sorted(r["host"] for r in reports) == NODES
     assert all(set(r["facts"]["sizes"].values()) == {2} for r in reports), [r["facts"]["sizes"] for r in reports]
     assert all(r["facts"]["runtime"] == "apptainer" for r in reports)
-    # The same job with srun --mpi=none: Slurm starts 2 tasks, each MPI world has 1 rank; the doctor says so.
-    rc, out = slurm_cluster.run("ctl", f"srun -N2 -n2 --mpi=none apptainer exec {sif} tfhpc-doctor --json",
+    # The same with srun --mpi=none: the image's MPI cannot wire up; the doctor says so on both ranks (the cluster
+    # kills a step on a bad exit: keep the other rank alive to hear it too).
+    rc, out = slurm_cluster.run("ctl", f"srun -N2 -n2 --mpi=none --kill-on-bad-exit=0 apptainer exec {sif} tfhpc-doctor --json",
                                 timeout=300)
     reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert rc != 0 and len(reports) == 2, out
@@ -78,7 +99,8 @@ def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cl
         assert "size()==1" in launcher["detail"] or "without PMI" in launcher["detail"], launcher
 
 
-@pytest.mark.parametrize("script", ["horovod-daint.sbatch", "mwms-jeanzay.sbatch", "pmix-generic.sbatch"])
+@pytest.mark.parametrize("script", ["horovod-daint.sbatch", "mwms-jeanzay.sbatch", "pmix-generic.sbatch",
+                                    "gloo-nompi.sbatch"])
 def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
     rc, out = slurm_cluster.run("ctl", f"cd /tmp && bash /jobs/scripts/{script} 2>&1")
     assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out

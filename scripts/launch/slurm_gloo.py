@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Horovod over Gloo under srun, without MPI and without horovodrun: for sites where the host's PMI/PMIx and the
+image's MPI do not match, or where ssh between nodes is not allowed.
+
+    srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo tfhpc-train-hvd-fit --epochs 3
+
+Every task of the step runs this. Task 0 starts Horovod's Gloo rendezvous server (the one horovodrun starts) on its
+node, at a port derived from the job id; every task then runs COMMAND with the environment horovodrun's Gloo launcher
+would give it (rank, size, local and cross ranks from Slurm, the rendezvous address, the network interface that
+reaches it). The exit status is COMMAND's; task 0 keeps the rendezvous server up until its COMMAND ends.
+"""
+import argparse
+import fcntl
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import common  # noqa: E402  (shipped next to this script: one-line errors, the job's port block)
+
+RENDEZVOUS_OFFSET = 31  # the last port of the job's block (MWMS workers use the first ones)
+
+
+def slurm_plan():
+    """(hosts in order, tasks per host, rank, this host) from the srun step's environment."""
+    missing = [v for v in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                           "SLURM_NODEID", "SLURM_LOCALID") if v not in os.environ]
+    if missing:
+        common.fail(f"not inside an srun step ({', '.join(missing)} unset): start it as "
+                    "`srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo COMMAND`")
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (  # Slurm's host-list syntax
+        expand_hostlist, expand_tasks_per_node)
+    hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+    tasks = expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"])
+    return hosts, tasks, int(os.environ["SLURM_PROCID"]), hosts[int(os.environ["SLURM_NODEID"])]
+
+
+def interface_towards(address):
+    """Name of the local interface whose IPv4 address the kernel uses to reach `address`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))
+        local = probe.getsockname()[0]
+    for path in sorted(Path("/sys/class/net").iterdir()):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as query:
+                packed = fcntl.ioctl(query.fileno(), 0x8915, struct.pack("256s", path.name[:15].encode()))
+            if socket.inet_ntoa(packed[20:24]) == local:
+                return path.name
+        except OSError:
+            continue
+    common.fail(f"no interface holds {local}, the address that reaches the rendezvous at {address}")
+
+
+def wait_for(address, port, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    common.fail(f"the Gloo rendezvous at {address}:{port} (task 0) did not answer within {timeout} s: "
+                "check that task 0 started and that the nodes reach each other on that port", everyone=True)
+
+
+def main():
+    parser = common.Parser(description=__doc__)
+    parser.add_argument("--port", type=int, default=None,
+                        help="rendezvous port (default: the last port of the job's block, from SLURM_JOB_ID)")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds to wait for the rendezvous (default: 120)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every task runs")
+    args = parser.parse_args()
+    if not args.command:
+        common.fail("no command given: tfhpc-slurm-gloo COMMAND [ARGS...], e.g. tfhpc-smoke-collectives")
+    hosts, tasks, rank, host = slurm_plan()
+    job = os.environ.get("SLURM_JOB_ID", "0")
+    port = args.port or common.slurm_port_base(int(job) if job.isdigit() else 0) + RENDEZVOUS_OFFSET
+    address = socket.gethostbyname(hosts[0])
+
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{n}" for h, n in zip(hosts, tasks))), sum(tasks))
+    server = None
+    if rank == 0:  # Gloo: the rendezvous server horovodrun would start, at a port every task can compute.
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
+        from horovod.runner.util.threads import in_thread
+        # RendezvousServer.start() listens on a free port of its choosing, which the other tasks could not know:
+        # the same steps on the job's port instead (horovod/runner/http/http_server.py, 0.28.1).
+        server = RendezvousServer()
+        try:
+            server._httpd = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+        except OSError as error:
+            common.fail(f"cannot listen on port {port} for the Gloo rendezvous ({error.strerror}): pass --port")
+        server._listen_thread = in_thread(target=server._httpd.serve_forever)
+        server.init(plan)
+    else:
+        wait_for(address, port, args.timeout)
+    nic = interface_towards(address)
+    gloo = {**create_run_env_vars(address, [nic], port), **create_slot_env_vars(plan[rank])}
+    environment = {**os.environ, **{key: str(value) for key, value in gloo.items()}, "PYTHONUNBUFFERED": "1"}
+    if plan[rank].hostname != host:
+        common.fail(f"Slurm placed task {rank} on {host}, the Gloo plan on {plan[rank].hostname}: use the "
+                    "default block distribution (srun -m block)")
+    status = subprocess.call(args.command, env=environment)
+    if server is not None:
+        server.stop()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

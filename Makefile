@@ -10,14 +10,16 @@ BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $$PIP_CERT etc.)
 PIP_INDEX_URL ?=## PyPI mirror for builds (passed as a BuildKit secret, never stored in a layer)
 LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
-SIGN_KEY ?=##      PEM private key: `make sif` signs the SIF with it (apptainer sign --key)
+SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
+REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY
+export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show
+.PHONY: push pipelines lint
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -42,6 +44,15 @@ recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the D
 
 native-sif: venv ## build build/native/*.sif from recipes/native/ with apptainer (no Docker build; ~30 min here)
 	$(PYTHON) -m tfhpc native-sif
+
+push: venv ## push the built images and the SIF (signed with SIGN_KEY if given) to REGISTRY; tags from versions.toml
+	$(PYTHON) -m tfhpc push
+
+pipelines: venv ## regenerate ci/ (GitHub Actions, GitLab CI) from containers/layers.toml
+	$(PYTHON) -m tfhpc pipelines
+
+lint: venv ## hadolint every Dockerfile, shellcheck every shell script, check ci/ against its schemas (part of test)
+	$(PYTHON) -m pytest tests/unit/test_lint.py tests/unit/test_ci_pipelines.py $(PYTEST_ARGS)
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

@@ -70,6 +70,22 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("layers", help="print the layers in build order")
 
+    push = commands.add_parser("push", help="push the built images and the SIF to REGISTRY (tags from versions.toml)")
+    _add_config_options(push)
+    push.add_argument("--registry", default=os.environ.get("REGISTRY") or None, help="host[:port][/namespace]")
+    push.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
+                      help="PEM private key: the pushed SIF is signed with it (apptainer sign --key)")
+
+    pipelines = commands.add_parser("pipelines", help="write ci/ (GitHub Actions, GitLab CI) from containers/layers.toml")
+    pipelines.add_argument("--check", action="store_true", help="exit 1 if the committed pipelines are out of date")
+
+    ci_layer = commands.add_parser("ci-build-layer", help="CI: build one layer on its parent image, already loaded")
+    _add_config_options(ci_layer)
+    ci_layer.add_argument("--layer", required=True)
+    ci_layer.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
+                          help="root image of the first layer: registry, debootstrap or auto")
+    ci_layer.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for apt/pip during the build")
+
     clean = commands.add_parser("clean", help="remove dangling images and the build cache")
     clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")
 
@@ -94,7 +110,26 @@ def main(argv: list[str] | None = None) -> int:
             for path in write_all(manifest):
                 print(path)
             return 0
+        if args.command == "pipelines":
+            from .ci import check_pipelines, write_pipelines
+            if args.check:
+                check_pipelines(manifest)
+                return 0
+            for path in write_pipelines(manifest):
+                print(path)
+            return 0
         config = manifest.config(args.stack, args.flavor, args.mpi)
+        if args.command == "push":
+            from pathlib import Path
+            from .publish import push as do_push
+            key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
+            print(json.dumps(do_push(manifest, config, args.registry, key), indent=2))
+            return 0
+        if args.command == "ci-build-layer":
+            from .ci import build_one_layer
+            print(build_one_layer(manifest, config, manifest.layers.get(args.layer).name, args.base_source,
+                                  args.ca_bundle))
+            return 0
         if args.command == "show":
             print(json.dumps({"tag": config.tag, "build_args": config.build_args(),
                               "images": {layer: config.image(layer) for layer in manifest.layers.names},

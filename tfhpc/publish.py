@@ -1,7 +1,8 @@
 """make push: publish the built images and the app SIF of one stack configuration (STACK/FLAVOR/MPI) to a registry.
 
 Tags come from the versions manifest through `Config` (no version is written here):
-- a versioned tag, e.g. `tf2.21-hvd0.28.1-openmpi4.1-cpu` (TensorFlow minor, Horovod release, MPI minor, flavour);
+- a versioned tag `tf<TF minor>-hvd<Horovod>-<mpi><MPI minor>-<flavour>[-cuda<CUDA minor>]` (`make show` and the
+  README give the current one; a version written here would be a second source, tests/unit/test_single_source_...);
 - moving tags: the configuration's local tag (`latest-cpu-openmpi`), and the bare flavour (`cpu`) for the manifest's
   default stack and MPI.
 Docker images go to REGISTRY/tfhpc-<layer>:<tag> (docker SDK push), the SIF to oras://REGISTRY/tfhpc-<leaf>-sif:<tag>

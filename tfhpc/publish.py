@@ -242,9 +242,11 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                                 "size_bytes": sif.stat().st_size, "signed": sign_key is not None,
                                 "references": [sif_refs[0]]}
             if sign_key is not None:
-                public = plan.sif.with_suffix(".pub")
+                # The public key to hand to the sites, beside the record.
+                public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
                 shutil.copyfile(workdir / "sign-key.pub", public)
-                published["sif"]["public_key"] = str(public.relative_to(REPO_ROOT))
+                published["sif"]["public_key"] = (str(public.relative_to(REPO_ROOT))
+                                                  if public.is_relative_to(REPO_ROOT) else str(public))
             # 2. only now the moving tags, which sites follow
             for tag in plan.tags[1:]:
                 for local, repository in plan.images.items():

@@ -1,0 +1,153 @@
+"""`make push` against a real registry on 127.0.0.1: one-line errors that push nothing, a failed push that leaves no
+moving tag and no record, then the full publication pulled back the way a site does: the image runs its 2-rank
+smoke test with exact values, and the SIF (oras) verifies with the site's key and has the published sha256."""
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import CONFIG, MANIFEST, REPO_ROOT, free_port
+from tfhpc import UserError, publish
+from tfhpc.manifest import IMAGE_PREFIX
+from tfhpc.sif import sif_path
+
+LEAF = MANIFEST.layers.leaf
+REPOSITORIES = {f"{IMAGE_PREFIX}-{layer}" for layer in MANIFEST.layers.names}
+SIF_REPOSITORY = f"{IMAGE_PREFIX}-{LEAF}{publish.SIF_REPOSITORY_SUFFIX}"
+TAGS = [publish.version_tag(CONFIG), *publish.moving_tags(MANIFEST, CONFIG)]
+
+
+@pytest.fixture
+def record(tmp_path, monkeypatch):
+    """build/published.json of these tests goes to a temporary file, not over a real publication's record."""
+    path = tmp_path / "published.json"
+    monkeypatch.setattr(publish, "PUBLISHED_JSON", path)
+    return path
+
+
+def aliases(docker_client, registry):
+    return [tag for image in docker_client.images.list() for tag in image.tags if tag.startswith(registry.address)]
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def test_unreachable_registry_is_one_line_and_pushes_nothing(record):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "tfhpc", "push", "--registry", address], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tfhpc: error: registry {address} unreachable"), done.stderr
+    assert "start it, or fix REGISTRY" in lines[0] and lines[0].endswith("nothing was pushed")
+
+
+def test_missing_image_is_one_line_and_pushes_nothing(registry, record):
+    unbuilt = dataclasses.replace(CONFIG, stack="never-built")  # names images that do not exist
+    with pytest.raises(UserError) as error:
+        publish.push(MANIFEST, unbuilt, registry.address)
+    message = str(error.value)
+    assert message == (f"{unbuilt.image(MANIFEST.layers.names[0])} is not built: run `make image` (same "
+                       "STACK/FLAVOR/MPI) first; nothing was pushed")
+    assert registry.catalog() == set() and not record.exists()
+
+
+def test_failed_push_leaves_no_moving_tag_and_no_record(registry, record, monkeypatch, docker_client):
+    """The registry refuses the third image: what went up keeps only its versioned tag, no SIF, no moving tag, no
+    record, and no registry-named tag is left on the local images."""
+    real_push = publish._docker_push
+    failing = f"{IMAGE_PREFIX}-{MANIFEST.layers.names[2]}:"
+
+    def push_or_fail(reference):
+        if failing in reference:
+            raise UserError(f"pushing {reference} failed (simulated): moving tags were not updated")
+        return real_push(reference)
+
+    monkeypatch.setattr(publish, "_docker_push", push_or_fail)
+    with pytest.raises(UserError, match="simulated"):
+        publish.push(MANIFEST, CONFIG, registry.address)
+    pushed = {f"{IMAGE_PREFIX}-{layer}" for layer in MANIFEST.layers.names[:2]}
+    assert registry.catalog() == pushed
+    for repository in pushed:
+        assert registry.tags(repository) == {TAGS[0]}
+    assert not record.exists() and aliases(docker_client, registry) == []
+
+
+@pytest.fixture(scope="module")
+def published(registry, keys, tmp_path_factory):
+    """The full publication, signed with the site's key (the `make push SIGN_KEY=...` path)."""
+    path = tmp_path_factory.mktemp("published") / "published.json"
+    original, publish.PUBLISHED_JSON = publish.PUBLISHED_JSON, path
+    try:
+        result = publish.push(MANIFEST, CONFIG, registry.address, keys / "site.pem")
+    finally:
+        publish.PUBLISHED_JSON = original
+    assert json.loads(path.read_text()) == result
+    return result
+
+
+def test_every_image_and_the_sif_carry_every_tag(published, registry, docker_client):
+    assert published["tags"] == TAGS and published["scheme"] == "http"
+    assert registry.catalog() == REPOSITORIES | {SIF_REPOSITORY}
+    for repository in REPOSITORIES | {SIF_REPOSITORY}:
+        assert registry.tags(repository) == set(TAGS), repository
+        digests = {registry.digest(repository, tag) for tag in TAGS}
+        assert len(digests) == 1, f"{repository}: the moving tags point elsewhere than the versioned tag"
+    for layer in MANIFEST.layers.names:
+        reference = f"{registry.address}/{IMAGE_PREFIX}-{layer}:{TAGS[0]}"
+        assert published["images"][reference]["digest"] == registry.digest(f"{IMAGE_PREFIX}-{layer}", TAGS[0])
+    assert published["sif"]["references"] == [f"oras://{registry.address}/{SIF_REPOSITORY}:{tag}" for tag in TAGS]
+    assert aliases(docker_client, registry) == []  # the push's handles are gone: pulls below really pull
+
+
+def test_pulled_image_is_the_built_one_and_passes_the_smoke_test(published, registry, docker_client):
+    reference = f"{registry.address}/{IMAGE_PREFIX}-{LEAF}:{TAGS[0]}"
+    pulled = docker_client.images.pull(reference)
+    try:
+        assert pulled.id == docker_client.images.get(CONFIG.image(LEAF)).id
+        assert pulled.labels["io.tfhpc.tensorflow.version"] == CONFIG.versions["tensorflow"]
+        output = docker_client.containers.run(
+            reference, ["horovodrun", "-np", "2", "tfhpc-smoke-collectives", "--sizes", "1,4096",
+                        "--dtypes", "float32,int32"], entrypoint=[], remove=True, stdout=True, stderr=True).decode()
+    finally:
+        docker_client.images.remove(reference, noprune=True)
+    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
+    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1], output
+    for report in reports:
+        assert report["size"] == 2 and report["failures"] == []
+        assert report["allreduce"]["sum/float32/4096"] == float(sum(i % 7 for i in range(4096)) * 2 * 3)
+        assert report["broadcast"]["values"] == [2.0] * 5
+
+
+def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(published, registry, keys,
+                                                                            tmp_path):
+    workdir = tmp_path / "pull"
+    workdir.mkdir()
+    workdir.chmod(0o777)  # the helper's unprivileged user writes the pulled SIFs here
+    for name in ("site.pub", "other.pub"):
+        (workdir / name).write_bytes((keys / name).read_bytes())
+    first, moving = published["sif"]["references"][0], published["sif"]["references"][-1]
+    # What a site runs (README): pull over oras, then verify with the key it was given.
+    publish.run_apptainer_script(MANIFEST, "\n".join([
+        f"apptainer pull --no-https pulled.sif {first}",
+        f"apptainer pull --no-https moving.sif {moving}",
+        "apptainer verify --key site.pub pulled.sif"]), workdir)
+    assert sha256(workdir / "pulled.sif") == sha256(workdir / "moving.sif") == published["sif"]["sha256"]
+    with pytest.raises(UserError, match="apptainer failed"):
+        publish.run_apptainer_script(MANIFEST, "apptainer verify --key other.pub pulled.sif", workdir)
+    # The signature was added to a copy: the SIF of `make sif` is unchanged and still the one images.json records.
+    local = sif_path(CONFIG, LEAF)
+    recorded = json.loads((REPO_ROOT / "build" / "images.json").read_text())["images"][f"sif:{local.name}"]
+    assert sha256(local) == recorded["sha256"] != published["sif"]["sha256"]
+    assert published["sif"]["signed"] is True
+    assert (REPO_ROOT / published["sif"]["public_key"]).read_bytes() == (keys / "site.pub").read_bytes()

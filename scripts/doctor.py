@@ -22,6 +22,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -413,17 +414,35 @@ def main():
                         help="seconds to wait for Horovod/MPI to start (default: %(default)s)")
     parser.add_argument("--hosts", default="",
                         help="comma-separated host list (host or host:slots) that must resolve from here")
+    parser.add_argument("--output", metavar="PATH",
+                        help="write the report to PATH instead of standard output, '{rank}' and '{host}' replaced "
+                             "(one file per rank: a launcher may split long lines of several ranks)")
     args = parser.parse_args()
     report, launch = diagnose(args.timeout, args.hosts)
     if args.json:
-        print(json.dumps({"schema_version": SCHEMA_VERSION, "host": socket.gethostname(), "rank": launch["rank"],
-                          "ok": not report.failed, "summary": report.summary(), "checks": report.checks,
-                          "facts": report.facts}), flush=True)
+        text = json.dumps({"schema_version": SCHEMA_VERSION, "host": socket.gethostname(), "rank": launch["rank"],
+                           "ok": not report.failed, "summary": report.summary(), "checks": report.checks,
+                           "facts": report.facts})
     else:
-        text = render_text(report, launch, everything=launch["rank"] == 0)
-        if text:
-            print(text, flush=True)
+        text = render_text(report, launch, everything=launch["rank"] == 0 or bool(args.output))
+    if args.output:
+        write_atomically(args.output.format(rank=launch["rank"], host=socket.gethostname()), text + "\n")
+    elif text:
+        print(text, flush=True)
     return 1 if report.failed else 0
+
+
+def write_atomically(path, text):
+    """Write text to path through a temporary file in the same directory and a rename: never half a report."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".doctor-")
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        sys.exit(f"doctor: cannot write {path} ({error.strerror}): give --output a writable path")
 
 
 if __name__ == "__main__":

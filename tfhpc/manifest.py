@@ -113,6 +113,8 @@ class Config:
     horovod_patches: tuple[str, ...]
     tensorflow_package: str
     layers: Layers = field(repr=False)
+    gpu: dict = field(default_factory=dict)  # the stack's [stacks.<name>.gpu] table in the GPU flavour, else empty
+    scikit_learn_digits: str = ""  # the scikit-learn wheel whose digits data set the app layer ships
 
     @property
     def tag(self) -> str:
@@ -147,6 +149,15 @@ class Config:
             "TF_USE_LEGACY_KERAS": "1" if v.get("tf_keras") else "0",
             "HOROVOD_VERSION": v["horovod"],
             "HOROVOD_PATCHES": " ".join(self.horovod_patches),
+            "SCIKIT_LEARN_DIGITS_VERSION": self.scikit_learn_digits,
+            "FLAVOR": self.flavor,
+            # GPU flavour only (empty for CPU): the CUDA library wheels TensorFlow was tested with, and Horovod's
+            # CUDA toolchain in its builder stage.
+            "TENSORFLOW_EXTRA_PINS": " ".join(f"{name}=={version}"
+                                              for name, version in sorted(self.gpu.get("wheels", {}).items())),
+            "CUDA_TOOLKIT_PACKAGE_VERSION": self.os.get("cuda_toolkit_package_version", "") if self.gpu else "",
+            "CUDA_HOST_COMPILER": self.os.get("cuda_host_compiler", "") if self.gpu else "",
+            "CUDA_ARCHITECTURES": self.gpu.get("cuda_architectures", ""),
         }
 
     def component_versions(self) -> dict[str, str]:
@@ -157,6 +168,9 @@ class Config:
             "mpi": f"{self.mpi} {upstream_version(self.os['mpi'][self.mpi]['package_version'])}",
         }
         versions.update(self.versions)
+        for component in ("cuda", "cudnn", "nccl"):
+            if self.gpu.get(component):
+                versions[component] = str(self.gpu[component])
         return versions
 
     def labels(self, layer: str, revision: str = "", created: str = "") -> dict[str, str]:
@@ -204,14 +218,27 @@ class Manifest:
         stack = _choose("STACK", stack or self.data["default_stack"], self.stacks)
         flavor = _choose("FLAVOR", flavor or self.data["default_flavor"], self.flavors)
         spec = {**self.data.get("defaults", {}), **self.data["stacks"][stack]}
-        os_release = spec["os"]
+        flavor_spec = self.data["flavors"][flavor]
+        os_release = flavor_spec.get("os") or spec["os"]
+        gpu = {}
+        if flavor == "gpu":
+            gpu = spec.get("gpu") or {}
+            missing = [key for key in ("cuda", "cudnn", "nccl", "cuda_architectures", "wheels") if not gpu.get(key)]
+            if missing:
+                gpu_stacks = [name for name in self.stacks if self.data["stacks"][name].get("gpu")]
+                raise UserError(f"stack '{stack}' has no GPU flavour ({', '.join(missing)} missing in "
+                                f"[stacks.{stack}.gpu]): use STACK={' or STACK='.join(gpu_stacks) or '?'} with "
+                                f"FLAVOR=gpu, or add that table")
+            for key in ("cuda_toolkit_package_version", "cuda_host_compiler"):
+                if not self.data.get("os", {}).get(os_release, {}).get(key):
+                    raise UserError(f"{self.path}: [os.{os_release}] has no '{key}', which FLAVOR=gpu needs: add it")
         if os_release not in self.data.get("os", {}):
             raise UserError(f"{self.path}: stack '{stack}' names os '{os_release}', which has no [os.{os_release}] table")
         mpi = _choose("MPI", mpi or self.data["default_mpi"], self.mpis(os_release))
         for key in ("tensorflow", "horovod", "mpi4py"):
             if not spec.get(key):
                 raise UserError(f"{self.path}: stack '{stack}' has no '{key}' version: add it")
-        patches = tuple(spec.get("horovod_patches", ()))
+        patches = tuple(spec.get("horovod_patches", ())) + (tuple(spec.get("horovod_gpu_patches", ())) if gpu else ())
         patch_dir = REPO_ROOT / "containers" / "horovod" / "patches"
         for patch in patches:
             if not (patch_dir / patch).is_file():
@@ -226,8 +253,10 @@ class Manifest:
             os=self.data["os"][os_release],
             versions=versions,
             horovod_patches=patches,
-            tensorflow_package=self.data["flavors"][flavor]["tensorflow_package"],
+            tensorflow_package=flavor_spec["tensorflow_package"],
             layers=self.layers,
+            gpu=gpu,
+            scikit_learn_digits=str(spec.get("scikit_learn_digits", "")),
         )
 
 

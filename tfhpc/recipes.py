@@ -9,6 +9,7 @@ WORKDIR, ENTRYPOINT/CMD. What spython drops or gets wrong for these Dockerfiles 
 - RUN --mount is passed through as text: secret and cache mounts are removed (the CA bundle and the pip index come
   from the %setup section below instead), a bind mount from a stage becomes `%files from <stage>` and is deleted at
   the end of that RUN, so it stays out of the SIF as it stays out of the Docker layer.
+- COPY --from=<stage> is dropped with a warning ("layer not previously defined"): it becomes `%files from <stage>`.
 - USER becomes `su - user`, which would end the build script: dropped (%post runs as root, the SIF as the caller).
 - ENV only reaches %post as unexported assignments: exported here, for the RUNs after it.
 - ENTRYPOINT + CMD become a runscript that always appends CMD (singularity-cli issue 160): arguments given to
@@ -83,6 +84,7 @@ class Stage:
         self.from_line = from_line
         self.lines: list[str] = []      # Dockerfile text for spython, rewritten
         self.binds: list[tuple[str, str, str]] = []  # (stage, source, target) from RUN --mount=type=bind,from=
+        self.copies: list[tuple[str, str, str]] = []  # (stage, source, destination) from COPY --from=
         self.user = "root"
         self.shell = ""
 
@@ -119,6 +121,10 @@ def split_stages(dockerfile: Path, build_args: dict[str, str]) -> tuple[list[str
             stage.shell = instruction
             continue
         instruction = _substitute(instruction, arguments)
+        copy_from = re.fullmatch(r"COPY\s+--from=(\S+)\s+(\S+)\s+(\S+)", instruction.strip())
+        if copy_from:
+            stage.copies.append(copy_from.groups())
+            continue
         if keyword == "RUN":
             binds = []
             for mount in re.findall(r"--mount=(\S+)", instruction):
@@ -213,6 +219,8 @@ def render(manifest: Manifest, config: Config, layer: str, root: str = "docker")
             out.append("\n%files\n" + _indent(files))
         for from_stage, source, target in stage.binds:
             out.append(f"\n%files from {from_stage}\n" + _indent([f"{source} {target}"]))
+        for from_stage, source, target in stage.copies:  # a directory's content, as COPY dir/ /dest/ copies it
+            out.append(f"\n%files from {from_stage}\n" + _indent([f"{source.rstrip('/')} {target.rstrip('/')}"]))
         post = ["set -e", *_post(recipe), "rm -rf /run/secrets"]
         if stage.shell:
             post.insert(0, f"# {stage.shell}: the RUNs below are also valid POSIX sh; /bin/sh runs them here.")
@@ -250,6 +258,8 @@ def expected_files(manifest: Manifest) -> dict[Path, str]:
     files = {}
     for stack in manifest.stacks:
         for flavor in manifest.flavors:
+            if flavor == "gpu" and not manifest.data["stacks"][stack].get("gpu"):
+                continue  # this stack has no GPU flavour (no [stacks.<stack>.gpu] pins)
             config = manifest.config(stack, flavor, None)
             for mpi in manifest.mpis(config.os_release):
                 config = manifest.config(stack, flavor, mpi)

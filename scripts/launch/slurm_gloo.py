@@ -89,7 +89,7 @@ def main():
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer, RendezvousServer
         from horovod.runner.util.threads import in_thread
         # RendezvousServer.start() listens on a free port of its choosing, which the other tasks could not know:
-        # the same steps on the job's port instead (horovod/runner/http/http_server.py, 0.28.1).
+        # the same steps on the job's port instead (horovod/runner/http/http_server.py of the pinned Horovod).
         server = RendezvousServer()
         try:
             server._httpd = RendezvousHTTPServer(("", port), RendezvousHandler, 0)

@@ -7,18 +7,29 @@ Run with 2 or more ranks, e.g.:
     horovodrun -np 2 --gloo python hvd_collectives.py     # Gloo controller
     mpirun -np 2 python hvd_collectives.py
 
+On a GPU node (gpu flavour, `--nv` or `--gpus all`) the tensors live on each rank's GPU, so Horovod reduces them
+with NCCL; --bandwidth-sizes adds an allreduce sweep reporting nccl-tests' bus bandwidth, busbw = S/t * 2(N-1)/N
+(default on the GPU path: 1M,16M,64M,256M; on the CPU path only when asked). Without a GPU, --device auto says so in
+one line and runs the CPU path.
+
 Every rank prints one JSON line (prefix "RESULT ") with the checksums it saw; the exit status is non-zero when any
 value differs from the expected one.
 """
 import argparse
 import json
+import os
 import socket
+import statistics
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device import DeviceError, algorithm_bandwidth, bus_bandwidth, choose_device, parse_bytes  # noqa: E402
 
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32}
 
@@ -30,22 +41,73 @@ def contribution(n, rank, dtype):
     return tf.constant(2 * (rank + 1) * pattern, dtype=dtype), pattern
 
 
+def bandwidth_sweep(sizes, iterations, size, failures):
+    """Median time of a float32 sum-allreduce per size, as algbw and busbw (GB/s); the sum is checked too."""
+    sweep = []
+    for nbytes in sizes:
+        tensor = tf.ones([max(nbytes // 4, 1)], tf.float32)
+        hvd.allreduce(tensor, op=hvd.Sum, name=f"bandwidth.{nbytes}")[-1].numpy()  # warm-up: buffers, NCCL comms
+        seconds = []
+        for _ in range(iterations):
+            start = time.perf_counter()
+            reduced = hvd.allreduce(tensor, op=hvd.Sum, name=f"bandwidth.{nbytes}")  # Horovod: NCCL on GPU tensors.
+            last = float(reduced[-1].numpy())  # one element back to the host: waits for the collective to finish
+            seconds.append(time.perf_counter() - start)
+            if last != size:
+                failures.append(f"bandwidth allreduce of {nbytes} bytes summed to {last}, expected {size}")
+        median = statistics.median(seconds)
+        sweep.append({"bytes": nbytes, "iterations": iterations, "seconds_median": median,
+                      "seconds_spread": max(seconds) - min(seconds),
+                      "algbw_GBps": algorithm_bandwidth(nbytes, median) / 1e9,
+                      "busbw_GBps": bus_bandwidth(nbytes, median, size) / 1e9})
+    return sweep
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--sizes", default="1,1023,65536,1048576", help="tensor lengths (elements), comma-separated")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="dtypes, comma-separated")
     parser.add_argument("--min-ranks", type=int, default=2,
                         help="fail when fewer ranks take part (the hvd.size()==1 trap of a mismatched launcher)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"),
+                        help="auto: each rank's GPU when there is one, else the CPU (said in one line)")
+    parser.add_argument("--bandwidth-sizes", default=None,
+                        help="allreduce sizes (bytes, K/M/G suffixes) for a bus-bandwidth sweep; "
+                             "default 1M,16M,64M,256M on the GPU path, none on the CPU path")
+    parser.add_argument("--iterations", type=int, default=5, help="timed allreduces per bandwidth size (median)")
     args = parser.parse_args()
 
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     size, rank = hvd.size(), hvd.rank()
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        device, note = choose_device(args.device, len(gpus), tf.test.is_built_with_cuda())
+        default_sizes = "1M,16M,64M,256M" if device == "gpu" else ""
+        sizes = [parse_bytes(s) for s in (args.bandwidth_sizes or default_sizes).split(",") if s.strip()]
+    except DeviceError as error:
+        print(f"smoke-collectives: error: {error}", file=sys.stderr)
+        return 2
+    if device == "gpu":
+        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")  # Horovod: one GPU per rank.
+    if note and rank == 0:
+        print(f"smoke-collectives: {note}", flush=True)
     failures = []
     result = {"host": socket.gethostname(), "rank": rank, "size": size, "local_size": hvd.local_size(),
               "controller": "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "unknown",
-              "allreduce": {}, "broadcast": None, "allgather": None}
+              "device": device, "nccl_built": bool(hvd.nccl_built()),
+              "allreduce": {}, "broadcast": None, "allgather": None, "bandwidth": []}
     if size < args.min_ranks:
         failures.append(f"only {size} rank(s) joined, expected at least {args.min_ranks}")
+    with tf.device("/GPU:0" if device == "gpu" else "/CPU:0"):
+        check_collectives(args, size, rank, result, failures)
+        result["bandwidth"] = bandwidth_sweep(sizes, args.iterations, size, failures)
+    result["failures"] = failures
+    print("RESULT " + json.dumps(result), flush=True)
+    return 1 if failures else 0
+
+
+def check_collectives(args, size, rank, result, failures):
+    """Allreduce (sum, average) per dtype and length, broadcast from a non-zero root, uneven allgather."""
 
     for dtype_name in args.dtypes.split(","):
         dtype = DTYPES[dtype_name]
@@ -73,10 +135,6 @@ def main():
     result["allgather"] = {"shape": list(gathered.shape), "first_column": gathered[:, 0].tolist()}
     if not np.array_equal(gathered, expected_rows):
         failures.append(f"allgather gave shape {gathered.shape}, expected {expected_rows.shape}")
-
-    result["failures"] = failures
-    print("RESULT " + json.dumps(result), flush=True)
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

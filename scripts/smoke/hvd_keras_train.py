@@ -6,9 +6,12 @@ Each rank starts from different random weights on purpose (seed + rank): only th
 makes them agree, and only averaged gradients keep them equal. Every rank prints a JSON line (prefix "RESULT ") with
 its loss history and a fingerprint of its final weights; the exit status is non-zero unless the loss fell and the
 weights are identical on all ranks.
+
+On a GPU node each rank trains on its own GPU (--device auto, the default); without one it says so and uses the CPU.
 """
 import argparse
 import json
+import os
 import socket
 import sys
 
@@ -16,6 +19,9 @@ import numpy as np
 import tensorflow as tf
 
 import horovod.tensorflow.keras as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from device import DeviceError, choose_device  # noqa: E402
 
 
 def synthetic_classification(samples, features, classes, seed):
@@ -34,9 +40,24 @@ def main():
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--min-ranks", type=int, default=2)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"),
+                        help="auto: each rank's GPU when there is one, else the CPU (said in one line)")
     args = parser.parse_args()
 
     hvd.init()  # Horovod: initialize.
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        device, note = choose_device(args.device, len(gpus), tf.test.is_built_with_cuda())
+    except DeviceError as error:
+        print(f"smoke-train: error: {error}", file=sys.stderr)
+        return 2
+    if device == "gpu":
+        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")  # Horovod: one GPU per rank.
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
+    else:
+        tf.config.set_visible_devices([], "GPU")  # the CPU path really runs on the CPU, also on a GPU node
+    if note and hvd.rank() == 0:
+        print(f"smoke-train: {note}", flush=True)
     tf.keras.utils.set_random_seed(args.seed + hvd.rank())  # different initial weights per rank, on purpose
 
     x, y = synthetic_classification(args.samples, 8, 4, args.seed)
@@ -74,7 +95,7 @@ def main():
         failures.append(f"loss did not fall by half: {losses}")
     if max_difference != 0.0:
         failures.append(f"weights differ across ranks by up to {max_difference}")
-    result = {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(), "losses": losses,
+    result = {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(), "device": device, "losses": losses,
               "accuracy": float(history.history["accuracy"][-1]),
               "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
               "keras_package": type(model).__module__.split(".")[0], "failures": failures}

@@ -8,9 +8,11 @@ starts and before anything is written.
 Data sets (--dataset), all 28x28x1 images with 10 classes, stored as uint8 and scaled to [0, 1] in the tf.data map:
   glyphs         built in, generated: digits 0-9 drawn as seven-segment strokes with random slant, rotation, scale,
                  shift, stroke width, jittered stroke ends, a stray stroke and pixel noise. Deterministic (the same
-                 images on every rank and every run), learnable, no download. It is *not* a real-world data set: no
-                 package in the image ships one (tensorflow/keras download MNIST on first use; scikit-learn is not
-                 installed), so the convergence tests use this one.
+                 images on every rank and every run), learnable, no download; not a real-world data set.
+  digits         real handwritten digits, shipped in the image: the UCI "optdigits" set as scikit-learn bundles it
+                 (1797 8x8 images, 43 writers; CC BY 4.0), taken from the scikit-learn wheel at build time (scikit-learn
+                 itself is not installed). Upscaled 3x to 24x24 and padded to 28x28; a fixed split of 1437 training
+                 and 360 test images. The convergence tests' real data set.
   synthetic      a random prototype per class plus noise: learns in a few steps, for plumbing tests.
   mnist          Keras' mnist.npz in --data-dir (arrays x_train, y_train, x_test, y_test).
   fashion_mnist  fashion_mnist.npz (same arrays) or Keras' four IDX files in --data-dir.
@@ -30,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "tfhpc"
+DIGITS_FILE = Path(os.environ.get("TFHPC_DATA", "/opt/tfhpc/data")) / "digits.csv.gz"
+DIGITS_TRAIN = 1437  # scikit-learn's digits: 1797 samples, 80 % for training
 IMAGE_SHAPE = (28, 28, 1)
 NUM_CLASSES = 10
 KERAS_DATASETS_URL = "https://storage.googleapis.com/tensorflow/tf-keras-datasets/"
@@ -98,9 +102,9 @@ def log(enabled, *parts):
 # Arguments every training entrypoint shares
 
 def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
-    parser.add_argument("--dataset", default="glyphs", choices=("glyphs", "synthetic", "mnist", "fashion_mnist"),
-                        help="glyphs and synthetic are generated in memory; mnist and fashion_mnist are read from "
-                             "--data-dir (nothing is downloaded)")
+    parser.add_argument("--dataset", default="glyphs", choices=("glyphs", "digits", "synthetic", "mnist", "fashion_mnist"),
+                        help="glyphs and synthetic are generated in memory; digits (real, 1797 images) ships in the "
+                             "image; mnist and fashion_mnist are read from --data-dir (nothing is downloaded)")
     parser.add_argument("--data-dir", default=None,
                         help="directory with mnist.npz or fashion_mnist.npz (Keras layout) for --dataset "
                              "mnist|fashion_mnist")
@@ -210,7 +214,10 @@ def scaled_lr(lr, replicas, scaling):
 # Data
 
 def check_data_args(args):
-    if args.dataset in ("glyphs", "synthetic"):
+    if args.dataset == "digits" and not DIGITS_FILE.is_file():
+        fail(f"--dataset digits reads {DIGITS_FILE}, which is missing: use the app image (it ships the file) or set "
+             f"TFHPC_DATA to a directory holding scikit-learn's digits.csv.gz")
+    if args.dataset in ("glyphs", "synthetic", "digits"):
         if args.data_dir:
             fail(f"--data-dir is read only by --dataset mnist|fashion_mnist, not by --dataset {args.dataset}: "
                  f"drop --data-dir or choose --dataset mnist")
@@ -246,6 +253,8 @@ def load_data(args):
         x_test, y_test = glyphs(args.test_samples or 10000, seed=20241)
     elif args.dataset == "synthetic":
         x_train, y_train, x_test, y_test = synthetic(args.train_samples or 60000, args.test_samples or 10000)
+    elif args.dataset == "digits":
+        x_train, y_train, x_test, y_test = digits()  # small: --train-samples/--test-samples do not cut it
     else:
         x_train, y_train, x_test, y_test = read_keras_files(args.dataset, Path(args.data_dir))
         if args.train_samples:
@@ -274,6 +283,25 @@ def read_keras_files(name, directory):
         return arrays[0].reshape(-1, 28, 28), arrays[1], arrays[2].reshape(-1, 28, 28), arrays[3]
     except (OSError, ValueError) as error:
         fail(f"cannot read {files[0]}: {error}; replace it with an intact copy from {KERAS_DATASETS_URL}")
+
+
+def digits(path=None):
+    """scikit-learn's digits (64 pixels with values 0..16, then the label, per CSV row) as 28x28 uint8 images: each
+    pixel becomes a 3x3 block, the 24x24 image is centred with a 2-pixel border; a fixed shuffle (seed 0) splits it."""
+    path = path or DIGITS_FILE
+    try:
+        with gzip.open(path, "rt") as handle:
+            table = np.loadtxt(handle, delimiter=",", dtype=np.float64)
+    except (OSError, ValueError) as error:
+        fail(f"cannot read {path}: {error}; it must be scikit-learn's sklearn/datasets/data/digits.csv.gz")
+    if table.ndim != 2 or table.shape[1] != 65:
+        fail(f"{path} has {table.shape[-1]} columns, expected 65 (64 pixels and the label): not scikit-learn's digits")
+    pixels = np.rint(table[:, :64] * (255 / 16)).astype(np.uint8).reshape(-1, 8, 8)
+    images = np.pad(np.kron(pixels, np.ones((3, 3), np.uint8)), ((0, 0), (2, 2), (2, 2)))
+    labels = table[:, 64].astype(np.int32)
+    order = np.random.default_rng(0).permutation(len(labels))
+    train, test = order[:DIGITS_TRAIN], order[DIGITS_TRAIN:]
+    return images[train], labels[train], images[test], labels[test]
 
 
 # Seven-segment strokes in a unit box (x right, y down) and the segments lit for each digit.

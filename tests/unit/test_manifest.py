@@ -101,3 +101,33 @@ def test_broken_toml_is_one_line(tmp_path):
     path = write(tmp_path, "versions.toml", "stacks = [\n")
     with pytest.raises(UserError, match="is not valid TOML"):
         Manifest(path)
+
+
+def test_gpu_flavour_pins_tensorflows_tested_cuda_build(manifest):
+    config = manifest.config("latest", "gpu")
+    gpu = manifest.data["stacks"]["latest"]["gpu"]
+    assert config.os_release == manifest.data["flavors"]["gpu"]["os"]  # the flavour's OS (for its nvcc)
+    args = config.build_args()
+    assert args["TENSORFLOW_PACKAGE"] == "tensorflow[and-cuda]"
+    pins = dict(pin.split("==") for pin in args["TENSORFLOW_EXTRA_PINS"].split())
+    assert pins == gpu["wheels"] and pins["nvidia-nccl-cu12"] == gpu["nccl"]
+    assert pins["nvidia-cudnn-cu12"].startswith(gpu["cudnn"])
+    assert args["CUDA_ARCHITECTURES"] == gpu["cuda_architectures"] and args["CUDA_HOST_COMPILER"]
+    assert args["HOROVOD_PATCHES"].split() == (manifest.data["stacks"]["latest"]["horovod_patches"]
+                                               + manifest.data["stacks"]["latest"]["horovod_gpu_patches"])
+    labels = config.labels("tensorflow")
+    for component in ("cuda", "cudnn", "nccl"):
+        assert labels[f"io.tfhpc.{component}.version"] == gpu[component]
+    assert config.tag == "latest-gpu-openmpi"
+
+
+def test_cpu_flavour_gets_no_gpu_arguments_or_patches(manifest):
+    args = manifest.config("latest", "cpu").build_args()
+    assert args["TENSORFLOW_EXTRA_PINS"] == args["CUDA_TOOLKIT_PACKAGE_VERSION"] == args["CUDA_ARCHITECTURES"] == ""
+    assert not any("gpu" in patch for patch in args["HOROVOD_PATCHES"].split())
+    assert "io.tfhpc.cuda.version" not in manifest.config("latest", "cpu").labels("app")
+
+
+def test_stack_without_gpu_table_refuses_the_gpu_flavour_in_one_line(manifest):
+    with pytest.raises(UserError, match=r"stack 'conservative' has no GPU flavour.*use STACK=latest with FLAVOR=gpu"):
+        manifest.config("conservative", "gpu")

@@ -114,3 +114,11 @@ def test_unknown_arg_is_a_one_line_error_naming_the_fix(tmp_path):
     dockerfile.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nARG NOT_IN_MANIFEST\nRUN echo $NOT_IN_MANIFEST\n")
     with pytest.raises(UserError, match="NOT_IN_MANIFEST.*versions.toml"):
         split_stages(dockerfile, {})
+
+
+def test_copy_from_a_stage_becomes_files_from_that_stage(manifest, config):
+    # spython drops COPY --from=<stage> ("layer not previously defined"); the app layer's data set must still arrive.
+    text = render(manifest, config, "app")
+    assert "Stage: datasets" in text
+    assert "%files from datasets\n    /data /opt/tfhpc/data\n" in text
+    assert "COPY" not in text.split("%post", 1)[1]

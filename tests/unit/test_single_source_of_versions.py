@@ -14,14 +14,19 @@ def pins(manifest):
     found = set()
     for table in [data["defaults"], *data["stacks"].values()]:
         found.update(v for k, v in table.items() if isinstance(v, str) and re.fullmatch(r"[\d.]+", v) and k != "os")
+    for stack in data["stacks"].values():  # the GPU flavour's CUDA/cuDNN/NCCL and CUDA wheel pins
+        gpu = stack.get("gpu", {})
+        found.update(str(gpu[k]) for k in ("cuda", "cudnn", "nccl") if k in gpu)
+        found.update(gpu.get("wheels", {}).values())
     for os_table in data["os"].values():
         found.update(mpi["package_version"] for mpi in os_table["mpi"].values())
+        found.update(v for k, v in os_table.items() if k.endswith("package_version"))
     return found
 
 
 def test_pins_are_written_only_in_the_manifest(manifest):
     versions = pins(manifest)
-    assert "2.21.0" in versions and "0.28.1" in versions  # the check looks for real pins
+    assert {"2.21.0", "0.28.1", "12.5.1", "2.27.7"} <= versions  # the check looks for real pins
     offenders = []
     for pattern in CHECKED:
         for path in REPO_ROOT.glob(pattern):

@@ -40,7 +40,9 @@ def doctor(host, environment="", arguments="--json"):
 
 @pytest.mark.parametrize("launcher", ["horovodrun -np 2", "horovodrun -np 2 --gloo", "mpirun -np 2"])
 def test_healthy_two_rank_run_passes_with_size_two_everywhere(host, image_layer, launcher):
-    result = host.run(f"{launcher} tfhpc-doctor --json")
+    # One file per rank: a launcher that forwards output in chunks may cut a long line of one rank with the other's.
+    result = host.run(f"rm -rf /tmp/healthy && {launcher} tfhpc-doctor --json --output '/tmp/healthy/{{rank}}.json'"
+                      " && cat /tmp/healthy/*.json")
     found = reports(result.stdout)
     assert result.rc == 0, result.stdout + result.stderr
     assert [r["rank"] for r in found] == [0, 1]
@@ -104,3 +106,14 @@ def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(
     assert "[info] devices: CPU image; 0 GPU device(s) visible" in out
     assert out.strip().splitlines()[-1].startswith("verdict: OK (0 failed")
     assert "[ ok ] horovod: Horovod built with MPI, Gloo" in out
+
+
+def test_output_file_holds_the_whole_report_and_a_bad_path_is_one_line(host, image_layer):
+    result = host.run("rm -rf /tmp/out && tfhpc-doctor --output '/tmp/out/doctor-{rank}.txt' && ls -A /tmp/out "
+                      "&& cat /tmp/out/doctor-0.txt")
+    assert result.rc == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[0] == "doctor-0.txt"  # no temporary file left beside it
+    assert result.stdout.strip().splitlines()[-1].startswith("verdict: OK")
+    result = host.run("tfhpc-doctor --output /proc/forbidden/doctor.txt")
+    assert result.rc != 0 and result.stderr.strip().count("\n") == 0, result.stderr
+    assert "cannot write /proc/forbidden/doctor.txt" in result.stderr and "--output" in result.stderr

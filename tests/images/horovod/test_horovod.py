@@ -51,3 +51,27 @@ def test_two_rank_keras_training(host, image_layer):
         assert report["keras_package"] == ("tf_keras" if "tf_keras" in CONFIG.versions else "keras")
     assert reports[0]["weights_sum"] == reports[1]["weights_sum"]
     assert reports[0]["losses"] == reports[1]["losses"], "MetricAverageCallback must give every rank the same loss"
+
+
+def test_bandwidth_sweep_reports_bus_bandwidth_with_exact_sums(host, image_layer):
+    # The GPU path's sweep, run on the CPU path here (no GPU): same code, tensors on the CPU, MPI instead of NCCL.
+    reports = run_ranks(host, f"horovodrun -np 2 python {script('smoke/hvd_collectives.py')} "
+                              "--sizes 1023 --dtypes float32 --bandwidth-sizes 64K,1M --iterations 3")
+    for report in reports:
+        assert report["failures"] == [] and report["device"] == "cpu"
+        assert [entry["bytes"] for entry in report["bandwidth"]] == [65536, 1048576]
+        for entry in report["bandwidth"]:
+            assert entry["seconds_median"] > 0 and entry["iterations"] == 3
+            # N = 2: busbw = algbw * 2(N-1)/N = algbw
+            assert entry["busbw_GBps"] == pytest.approx(entry["algbw_GBps"])
+            assert entry["algbw_GBps"] == pytest.approx(entry["bytes"] / entry["seconds_median"] / 1e9)
+
+
+@pytest.mark.parametrize("entry", ["smoke/hvd_collectives.py", "smoke/hvd_keras_train.py"])
+def test_without_a_gpu_auto_says_so_and_gpu_is_a_one_line_error(host, image_layer, entry):
+    result = host.run(f"python {script(entry)} --device gpu --min-ranks 1")
+    assert result.rc == 2 and "--device gpu, but" in result.stderr, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "error:" in line]) == 1
+    assert ("--nv" if CONFIG.flavor == "gpu" else "gpu flavour") in result.stderr
+    out = host.check_output(f"python {script('smoke/hvd_collectives.py')} --min-ranks 1 --sizes 7 --dtypes int32")
+    assert ("no GPU visible: running the CPU path" if CONFIG.flavor == "gpu" else "CPU image") in out

@@ -177,6 +177,11 @@ def run_apptainer_script(manifest: Manifest, script: str, workdir: Path) -> str:
     return output
 
 
+def _shown(path: Path) -> str:
+    """A path as the record and the messages give it: relative to the checkout when inside it."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def _docker_push(reference: str) -> str:
     """Push one registry reference with the docker SDK; returns the manifest digest the registry reported."""
     import docker.errors
@@ -245,8 +250,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                 # The public key to hand to the sites, beside the record.
                 public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
                 shutil.copyfile(workdir / "sign-key.pub", public)
-                published["sif"]["public_key"] = (str(public.relative_to(REPO_ROOT))
-                                                  if public.is_relative_to(REPO_ROOT) else str(public))
+                published["sif"]["public_key"] = _shown(public)
             # 2. only now the moving tags, which sites follow
             for tag in plan.tags[1:]:
                 for local, repository in plan.images.items():
@@ -273,5 +277,5 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
     partial.write_text(json.dumps(published, indent=2) + "\n")
     os.replace(partial, PUBLISHED_JSON)
     log(f"published {len(published['images'])} image tags and {len(published['sif']['references'])} SIF tags "
-        f"to {plan.registry}; record: {PUBLISHED_JSON.relative_to(REPO_ROOT)}")
+        f"to {plan.registry}; record: {_shown(PUBLISHED_JSON)}")
     return published

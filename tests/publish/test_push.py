@@ -151,3 +151,15 @@ def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(publ
     assert sha256(local) == recorded["sha256"] != published["sif"]["sha256"]
     assert published["sif"]["signed"] is True
     assert (REPO_ROOT / published["sif"]["public_key"]).read_bytes() == (keys / "site.pub").read_bytes()
+
+
+def test_ci_build_layer_needs_its_parent_loaded():
+    """The pipelines' per-layer job stops in one line when the parent job's images were not loaded (no build)."""
+    from tfhpc.ci import build_one_layer
+    unbuilt = dataclasses.replace(CONFIG, stack="never-built")
+    layer = MANIFEST.layers.names[1]
+    parent = MANIFEST.layers.get(layer).parent
+    with pytest.raises(UserError) as error:
+        build_one_layer(MANIFEST, unbuilt, layer, "auto", "none")
+    assert str(error.value) == (f"{unbuilt.image(parent)} is not loaded: load the '{parent}' job's artifact first "
+                                f"(or run `make image LAYER={layer}`)")

@@ -16,7 +16,8 @@ HADOLINT_CONFIG = REPO_ROOT / ".hadolint.yaml"
 KNOWN_FINDINGS = {
     "containers/mpi/Dockerfile": "SC2046 at lines 10 and 22: `$(mpi-packages ...)` is split on purpose (one "
                                  "name=version word per package): add `# hadolint ignore=SC2046` above each RUN",
-    "containers/horovod/Dockerfile": "SC2046 at line 6: same as containers/mpi: `# hadolint ignore=SC2046` above the RUN",
+    "containers/horovod/Dockerfile": "SC2046 on the builder's `apt-install ... $(mpi-packages ...)`: same as "
+                                     "containers/mpi, `# hadolint ignore=SC2046` above that RUN",
     "recipes/builder/Dockerfile": "DL3008 at line 12: sid's squashfs-tools, fuse2fs, squashfuse, fuse3, openssl and "
                                   "ca-certificates are unpinned: pin them in versions.toml [sif] or add "
                                   "`# hadolint ignore=DL3008` with the reason (helper image, never shipped)",

@@ -13,12 +13,13 @@ LAYER ?=##         last layer to build with `make image` (default: app, the leaf
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
+QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
 export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY
 PYTHON := $(VENV)/bin/python
 
-.PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show
+.PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
 .PHONY: push pipelines lint
 
 help: ## list targets and variables
@@ -53,6 +54,9 @@ pipelines: venv ## regenerate ci/ (GitHub Actions, GitLab CI) from containers/la
 
 lint: venv ## hadolint every Dockerfile, shellcheck every shell script, check ci/ against its schemas (part of test)
 	$(PYTHON) -m pytest tests/unit/test_lint.py tests/unit/test_ci_pipelines.py $(PYTEST_ARGS)
+
+bench: venv ## measure the built images and SIF side by side: build/bench/results.{json,md} + PNG plots (QUICK=1)
+	$(PYTHON) -m tfhpc bench $(if $(filter-out 0,$(QUICK)),--quick)
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

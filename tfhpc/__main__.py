@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="root image for the base recipe and the helper: registry, debootstrap or auto")
     native.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for apt/pip during the builds")
 
+    bench = commands.add_parser("bench", help="measure the images side by side (build/bench/results.json, "
+                                "results.md, PNG plots)")
+    _add_config_options(bench)
+    bench.add_argument("--quick", action="store_true", default=os.environ.get("QUICK", "0") not in ("", "0"),
+                       help="the short version `make test` runs (~3 min), written to build/bench/quick/")
+
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
 
@@ -148,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             from .recipes import build_native
             for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle)):
                 print(path)
+        elif args.command == "bench":
+            from .bench.run import run_bench
+            print(run_bench(config, args.quick))
         elif args.command == "build":
             from .build import build_stack
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

@@ -1,0 +1,180 @@
+"""The benchmark's arithmetic and parsing (tfhpc/bench/stats.py, run.py's pure parts, report.py): no docker."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tfhpc import REPO_ROOT
+from tfhpc.bench import run, stats
+from tfhpc.bench.report import markdown, write_outputs
+
+MB = 1 << 20
+
+
+def test_busbw_is_nccl_tests_definition():
+    # nccl-tests: algbw = S / t, busbw = algbw * 2 (N - 1) / N
+    assert stats.busbw(64 * MB, 0.1, 2) == pytest.approx(64 * MB / 0.1)  # N = 2: factor 1
+    assert stats.busbw(1000, 1.0, 4) == pytest.approx(1500.0)  # factor 2 * 3 / 4
+    assert stats.busbw(1000, 1.0, 1) == 0.0  # one rank moves nothing
+    with pytest.raises(ValueError):
+        stats.busbw(1000, 0.0, 2)
+
+
+def test_efficiency():
+    assert stats.efficiency(180.0, 100.0, 2) == pytest.approx(0.9)
+    assert stats.efficiency(200.0, 100.0, 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        stats.efficiency(1.0, 0.0, 2)
+
+
+def test_quantile_matches_numpys_linear_interpolation():
+    values = [7.0, 1.0, 3.0, 5.0]
+    assert stats.quantile(values, 0.0) == 1.0 and stats.quantile(values, 1.0) == 7.0
+    assert stats.quantile(values, 0.5) == pytest.approx(4.0)
+    assert stats.quantile(values, 0.25) == pytest.approx(2.5)
+    assert stats.quantile([2.0], 0.75) == 2.0
+
+
+def test_summary_median_and_spread():
+    s = stats.summary([4.0, 1.0, 2.0, 3.0, 100.0])
+    assert s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 5
+    assert s["q1"] == 2.0 and s["q3"] == 4.0
+    assert s["rel_spread"] == pytest.approx((100.0 - 1.0) / 2 / 3.0)
+    with pytest.raises(ValueError):
+        stats.summary([])
+    with pytest.raises(ValueError):
+        stats.summary([1.0, math.nan])
+
+
+def test_side_by_side_ratios_pair_samples():
+    assert stats.ratios([2.0, 3.0], [1.0, 2.0]) == [2.0, 1.5]
+    with pytest.raises(ValueError):
+        stats.ratios([1.0], [1.0, 2.0])
+
+
+def test_parse_results_ignores_launcher_prefixes():
+    output = "\n".join([
+        "[1,0]<stdout>:RESULT {\"rank\": 0, \"x\": 1}",
+        "noise RESULT without json",
+        "[worker 1] RESULT {\"rank\": 1, \"x\": 2}",
+        "Img/sec per worker: 12",
+    ])
+    reports = stats.parse_results(output)
+    assert [r["x"] for r in reports] == [1, 2]
+    assert [r["rank"] for r in stats.one_per_rank(reports, 2)] == [0, 1]
+    with pytest.raises(ValueError):
+        stats.one_per_rank(reports, 3)
+    with pytest.raises(ValueError):
+        stats.one_per_rank(reports + [{"rank": 1}], 2)
+    with pytest.raises(ValueError):
+        stats.parse_results("RESULT {\"rank\": 0,")
+
+
+STRACE = """\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 30.00    0.003000           1      2500       900 newfstatat
+ 20.00    0.002000           1      1800       600 openat
+ 10.00    0.001000           1      1200           read
+  5.00    0.000500           1       300           fstat
+  1.00    0.000100           1        40        40 readlink
+  0.50    0.000050           1        10           mmap
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.010000           1      5850      1540 total
+"""
+
+
+def test_parse_strace_summary_and_file_calls():
+    counts = stats.parse_strace_summary(STRACE)
+    assert counts["newfstatat"] == {"calls": 2500, "errors": 900}
+    assert counts["read"] == {"calls": 1200, "errors": 0}
+    assert "total" not in counts
+    calls = stats.file_calls(counts)
+    assert calls == {"open": 1800, "stat": 2500 + 300 + 40, "failed": 900 + 600 + 40, "all": 5850}
+    with pytest.raises(ValueError):
+        stats.parse_strace_summary("strace: exec: No such file or directory")
+
+
+def test_figures_keep_the_reason_when_not_measured():
+    figure = stats.unmeasured("x", "s", "label", "s", "the SIF is missing")
+    data = figure.to_json()
+    assert data["status"] == "not measured" and data["value"] is None and data["reason"] == "the SIF is missing"
+    with pytest.raises(ValueError):
+        stats.unmeasured("x", "s", "label", "s", "")
+    measured = stats.Figure("y", "s", "label", "s", samples=[3.0, 1.0, 2.0]).to_json()
+    assert measured["status"] == "measured" and measured["value"]["median"] == 2.0
+
+
+def test_goals_say_by_how_much_they_are_missed():
+    at_least = stats.Goal("g", "f", 0.9, "ratio >= 0.9")
+    missed = at_least.judge(stats.Figure("f", "s", "l", "ratio", samples=[0.6, 0.7, 0.8]))
+    assert missed["met"] is False and missed["gap"] == pytest.approx(-0.2) and "missed by 0.2" in missed["verdict"]
+    assert at_least.judge(stats.Figure("f", "s", "l", "ratio", samples=[0.95]))["met"] is True
+    at_most = stats.Goal("r", "f", 30.0, "<= 30 s", at_most=True)
+    assert at_most.judge(stats.Figure("f", "s", "l", "s", samples=[12.0]))["met"] is True
+    assert at_most.judge(stats.Figure("f", "s", "l", "s", samples=[45.0]))["met"] is False
+    unjudged = at_least.judge(stats.unmeasured("f", "s", "l", "ratio", "no host venv"))
+    assert unjudged["met"] is None and "no host venv" in unjudged["verdict"]
+
+
+def test_recorded_builds_cold_and_warm(tmp_path):
+    path = tmp_path / "build-times.jsonl"
+    entries = [{"when": "t1", "config": "latest-cpu-openmpi", "seconds": {"base": 60, "total": 900.0}},
+               {"when": "t2", "config": "latest-cpu-openmpi", "seconds": {"base": 1, "total": 12.0}},
+               {"when": "t3", "config": "latest-cpu-mpich", "seconds": {"total": 5.0}}]
+    path.write_text("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
+    found = run.recorded_builds(path, "latest-cpu-openmpi")
+    assert [e["when"] for e in found] == ["t1", "t2"]
+    cold, warm = run.cold_and_warm(found)
+    assert cold["when"] == "t1" and warm["when"] == "t2"
+    assert run.cold_and_warm(found[:1]) == (found[0], None)
+    assert run.recorded_builds(tmp_path / "missing.jsonl", "x") == []
+
+
+def test_parallel_start_script_reports_every_process():
+    # A stand-in for python: prints the IMPORT line the real import code prints, ignoring "-c CODE".
+    script = run._parallel_script(3, "sh -c 'echo IMPORT 0.25' sh")
+    output = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
+    reports = stats.one_per_rank(stats.parse_results(output), 3)
+    assert all(r["import_s"] == 0.25 and r["end"] >= r["start"] > 0 for r in reports)
+    failing = subprocess.run(["bash", "-c", run._parallel_script(1, "false")], capture_output=True, text=True,
+                             timeout=60).stdout
+    assert stats.parse_results(failing)[0]["import_s"] is None  # a failed import is seen, not timed
+
+
+def test_allreduce_probe_memcpy_mode():
+    probe = REPO_ROOT / "tfhpc" / "bench" / "probes" / "allreduce.py"
+    out = subprocess.run([sys.executable, str(probe), "--impl", "memcpy", "--sizes", "1024,1048576", "--reps", "3",
+                          "--block-seconds", "0.01"], capture_output=True, text=True, timeout=120, check=True).stdout
+    report = stats.one_per_rank(stats.parse_results(out), 1)[0]
+    assert set(report["seconds_per_op"]) == {"1024", "1048576"}
+    assert all(len(times) == 3 and all(t > 0 for t in times) for times in report["seconds_per_op"].values())
+
+
+def test_every_goal_names_a_figure_the_plan_produces(manifest, config):
+    for quick in (True, False):
+        plan = run.Plan.make(quick)
+        ids = {id for id, *_ in [*run.allreduce_figure_ids(plan), *run.TRAIN_IDS, *run.startup_figure_ids(plan),
+                                 *run.footprint_ids(config)]}
+        assert {goal.figure for goal in run.GOALS} <= ids, quick
+        assert 64 * MB in plan.sizes and 8 in plan.startup_counts
+
+
+def test_report_tables_and_plots(tmp_path):
+    figures = [stats.Figure(f"allreduce.mpi4py.{1024}", "allreduce", "mpi4py: busbw, 1 KB", "GB/s",
+                            samples=[0.1, 0.2, 0.3]),
+               stats.unmeasured("startup.venv.8", "startup", "venv: import, 8 at once", "s", "no host venv")]
+    results = {"quick": True, "finished": "now", "app_image": "img", "cpus": 2, "duration_seconds": 1.0,
+               "environment": [{"moment": "start", "loadavg": [1.0, 1.0, 1.0], "other_containers": ["c (i)"]}],
+               "goals": [stats.Goal("g", "startup.venv.8", 1.0, "goal text").judge(figures[1])],
+               "figures": [f.to_json() for f in figures],
+               "raw": {"allreduce_sweep": {"mpi4py": {"1024": 0.2, "1048576": 2.0}}}}
+    text = markdown(results)
+    assert "| mpi4py: busbw, 1 KB | 0.2 | 0.1–0.3 (n=3) | GB/s |" in text
+    assert "| venv: import, 8 at once | not measured | | s | no host venv |" in text
+    assert "not judged: no host venv" in text and "c (i)" in text
+    path = write_outputs(results, tmp_path)
+    assert json.loads(path.read_text())["plots"] == ["allreduce.png"]
+    assert (tmp_path / "allreduce.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

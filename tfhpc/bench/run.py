@@ -1,0 +1,731 @@
+"""make bench: run every measurement side by side and write build/bench/results.json, results.md and PNG plots.
+
+The machine is shared and noisy, so absolute times drift: every comparison is a ratio of two runs taken back to back
+in the same round (container then host, Horovod then mpi4py, ...), repeated, and reported as the median of the
+per-round ratios with their spread. A figure that cannot be measured is kept with the reason.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import REPO_ROOT, UserError
+from ..manifest import Config, Manifest
+from ..rootimage import log
+from . import hostvenv
+from .stats import (Figure, Goal, busbw, efficiency, file_calls, human_bytes, one_per_rank, parse_results,
+                    parse_strace_summary, ratios, unmeasured)
+
+BENCH_DIR = REPO_ROOT / "build" / "bench"
+PROBES = Path(__file__).resolve().parent / "probes"
+BUILD_TIMES = BENCH_DIR / "build-times.jsonl"
+MB = 1 << 20
+RANKS = 2  # the issue's sweep: 2 ranks (this machine has 2 cores)
+# Horovod "tuned": the background thread wakes every HOROVOD_CYCLE_TIME ms to negotiate; a 2-rank shared-memory
+# allreduce of a small tensor takes tens of microseconds, so a shorter cycle cuts latency. A fusion buffer of
+# 128 MB lets the 16-tensor pattern of the sweep's largest sizes go in one fused operation.
+TUNED_HOROVOD = {"HOROVOD_CYCLE_TIME": "0.1", "HOROVOD_FUSION_THRESHOLD": str(128 * MB)}
+IMPORT_CODE = ("import time, json; t = time.perf_counter(); import tensorflow, horovod.tensorflow; "
+               "print('IMPORT ' + json.dumps(time.perf_counter() - t))")
+# strace is not in the images or the apptainer helper: the host's strace and its libraries, started through the
+# host's dynamic loader with --library-path, run in any of them without changing what the traced program loads.
+STRACE_LIBS = ("libunwind-ptrace.so.0", "libunwind-x86_64.so.8", "libunwind.so.8", "liblzma.so.5", "libc.so.6")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much to run: QUICK=1 (inside `make test`, ~3 min) or the full benchmark."""
+
+    quick: bool
+    sizes: tuple[int, ...]
+    fused_sizes: tuple[int, ...]
+    reps: int
+    block_seconds: float
+    allreduce_rounds: int
+    train_rounds: int
+    train_args: tuple[str, ...]
+    startup_counts: tuple[int, ...]
+    startup_rounds: int
+    startup_modes: tuple[str, ...]
+
+    @classmethod
+    def make(cls, quick: bool) -> "Plan":
+        if quick:  # what the goals need, once or twice: the SIF and the venv at 1 and 8 processes, 64 MB
+            return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 2, 1,
+                       ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, 8), 1,
+                       ("sif", "venv"))
+        return cls(False, tuple(1 << e for e in range(10, 29, 2)), (1 * MB, 16 * MB, 64 * MB, 256 * MB), 5, 0.1,
+                   3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 3,
+                   tuple(STARTUP_MODES))
+
+
+class Context:
+    """What every section needs: the configuration, figures collected so far, the running containers."""
+
+    def __init__(self, config: Config, plan: Plan, out: Path):
+        self.config, self.plan, self.out = config, plan, out
+        self.figures: dict[str, Figure] = {}
+        self.raw: dict = {}
+        self.environment: list[dict] = []
+        self.app_image = config.image(config.layers.leaf)
+        self.cleanup: list = []
+
+    def add(self, figure: Figure) -> Figure:
+        if figure.id in self.figures:
+            raise ValueError(f"figure {figure.id} reported twice")
+        self.figures[figure.id] = figure
+        return figure
+
+    def note_environment(self, moment: str) -> None:
+        """Load average and the other containers running: what else competed for the 2 cores."""
+        from ..dockerhost import client
+        others = [f"{c.name} ({c.image.tags[0] if c.image.tags else c.image.short_id})"
+                  for c in client().containers.list() if not c.name.startswith("tfhpc-bench-")]
+        self.environment.append({"moment": moment, "time": _now(), "loadavg": list(os.getloadavg()),
+                                 "other_containers": others})
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _decode(output) -> str:
+    if isinstance(output, tuple):  # exec_run(demux=True)
+        return "".join((part or b"").decode(errors="replace") for part in output)
+    return (output or b"").decode(errors="replace")
+
+
+class AppContainer:
+    """The app image, kept running (sleep) for the whole benchmark; commands run in it with `docker exec` as the
+    image's user. The probes are mounted read-only at /bench, an output directory at /out."""
+
+    def __init__(self, image: str, out: Path):
+        from ..dockerhost import client
+        self.out = out
+        self.container = client().containers.run(
+            image, ["sleep", "infinity"], entrypoint=[], detach=True, name=f"tfhpc-bench-app-{os.getpid()}",
+            cap_add=["SYS_PTRACE"],  # strace in the container
+            volumes={str(PROBES): {"bind": "/bench", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}})
+
+    def run(self, command: str, env: dict | None = None, check: bool = True) -> str:
+        code, output = self.container.exec_run(["bash", "-c", command], environment=env or {}, demux=True)
+        text = _decode(output)
+        if check and code != 0:
+            raise RuntimeError(f"`{command}` in the container exited {code}: {text[-1500:]}")
+        return text
+
+    def remove(self) -> None:
+        self.container.remove(force=True)
+
+
+def host_run(command: list[str] | str, env: dict | None = None, timeout: float = 1800, check: bool = True) -> str:
+    result = subprocess.run(command, shell=isinstance(command, str), capture_output=True, text=True,
+                            env={**os.environ, **(env or {})}, timeout=timeout, executable="/bin/bash"
+                            if isinstance(command, str) else None)
+    text = result.stdout + result.stderr
+    if check and result.returncode != 0:
+        raise RuntimeError(f"`{command}` exited {result.returncode}: {text[-1500:]}")
+    return text
+
+
+def _attempt(ctx: Context, ids: list[tuple[str, str, str, str]], work) -> None:
+    """Run `work()`; if it fails, every figure it should have produced is reported not measured, with the error."""
+    try:
+        work()
+    except Exception as error:  # noqa: BLE001 -- one failed section must not lose the others' figures
+        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}"
+        log(f"bench: {reason}")
+        for id, section, label, unit in ids:
+            if id not in ctx.figures:
+                ctx.add(unmeasured(id, section, label, unit, reason))
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 1. Allreduce bus bandwidth
+
+ALLREDUCE_RUNS = {  # name -> (label, launcher, implementation, extra environment)
+    "memcpy": ("single-core memcpy (the limit)", "", "memcpy", {}),
+    "mpi4py": ("mpi4py Allreduce", "mpirun -np 2", "mpi4py", {}),
+    "horovod_mpi": ("Horovod over MPI, defaults", "mpirun -np 2", "horovod", {}),
+    "horovod_gloo": ("Horovod over Gloo, defaults", "horovodrun -np 2 --gloo", "horovod", {}),
+    "horovod_mpi_tuned": ("Horovod over MPI, tuned", "mpirun -np 2", "horovod", TUNED_HOROVOD),
+}
+
+
+def allreduce_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
+    ids = []
+    for size in plan.sizes:
+        for name, (label, *_rest) in ALLREDUCE_RUNS.items():
+            unit = "GB/s"
+            what = "copy bandwidth" if name == "memcpy" else "busbw"
+            ids.append((f"allreduce.{name}.{size}", "allreduce", f"{label}: {what}, {human_bytes(size)}", unit))
+        for name in ("horovod_mpi", "horovod_gloo", "horovod_mpi_tuned"):
+            ids.append((f"allreduce.ratio.{name}.{size}", "allreduce",
+                        f"{ALLREDUCE_RUNS[name][0]} / mpi4py busbw, {human_bytes(size)}", "ratio"))
+        ids.append((f"allreduce.ratio.mpi4py_memcpy.{size}", "allreduce",
+                    f"mpi4py busbw / memcpy bandwidth, {human_bytes(size)}", "ratio"))
+    for size in plan.fused_sizes:
+        for name in ("horovod_mpi", "horovod_mpi_tuned"):
+            ids.append((f"allreduce.fused16.{name}.{size}", "allreduce",
+                        f"{ALLREDUCE_RUNS[name][0]}: busbw, 16 tensors of {human_bytes(size // 16)}", "GB/s"))
+        ids.append((f"allreduce.ratio.fused16_tuned_default.{size}", "allreduce",
+                    f"16 tensors of {human_bytes(size // 16)}: tuned / default Horovod busbw", "ratio"))
+    return ids
+
+
+def bench_allreduce(ctx: Context, app: AppContainer) -> None:
+    plan = ctx.plan
+    sizes = ",".join(map(str, plan.sizes))
+    per_round: dict[str, list[dict]] = {name: [] for name in ALLREDUCE_RUNS}  # name -> per round {key: median s}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in ALLREDUCE_RUNS}
+    for round_ in range(plan.allreduce_rounds):
+        for name, (label, launcher, impl, env) in ALLREDUCE_RUNS.items():
+            fused = f"--fused-sizes {','.join(map(str, plan.fused_sizes))}" if "gloo" not in name else ""
+            command = (f"{launcher} python3 /bench/allreduce.py --impl {impl} --sizes {sizes} {fused} "
+                       f"--reps {plan.reps} --block-seconds {plan.block_seconds}")
+            log(f"bench: allreduce round {round_ + 1}/{plan.allreduce_rounds}: {name}")
+            report = one_per_rank(parse_results(app.run(command.strip(), env=env)), 1)[0]  # rank 0: slowest rank's
+            ranks = report["ranks"]
+            ctx.raw.setdefault("allreduce", []).append({"round": round_, "run": name, **report})
+            medians = {}
+            for key, seconds in report["seconds_per_op"].items():
+                size = int(key.rpartition(".")[2])
+                # memcpy: bytes copied per second; the others: bus bandwidth
+                values = [size / s if impl == "memcpy" else busbw(size, s, ranks) for s in seconds]
+                samples[name].setdefault(key, []).extend(v / 1e9 for v in values)
+                medians[key] = statistics.median(values) / 1e9
+            per_round[name].append(medians)
+
+    def add(id, label, unit, values, note=""):
+        ctx.add(Figure(id, "allreduce", label, unit, samples=values, note=note))
+
+    for size in plan.sizes:
+        key = str(size)
+        for name, (label, *_rest) in ALLREDUCE_RUNS.items():
+            what = "copy bandwidth" if name == "memcpy" else "busbw"
+            add(f"allreduce.{name}.{size}", f"{label}: {what}, {human_bytes(size)}", "GB/s", samples[name][key])
+        mpi = [r[key] for r in per_round["mpi4py"]]
+        for name in ("horovod_mpi", "horovod_gloo", "horovod_mpi_tuned"):
+            add(f"allreduce.ratio.{name}.{size}", f"{ALLREDUCE_RUNS[name][0]} / mpi4py busbw, {human_bytes(size)}",
+                "ratio", ratios([r[key] for r in per_round[name]], mpi), "median of per-round ratios")
+        add(f"allreduce.ratio.mpi4py_memcpy.{size}", f"mpi4py busbw / memcpy bandwidth, {human_bytes(size)}", "ratio",
+            ratios(mpi, [r[key] for r in per_round["memcpy"]]), "median of per-round ratios")
+    for size in plan.fused_sizes:
+        key = f"fused16.{size}"
+        for name in ("horovod_mpi", "horovod_mpi_tuned"):
+            add(f"allreduce.fused16.{name}.{size}",
+                f"{ALLREDUCE_RUNS[name][0]}: busbw, 16 tensors of {human_bytes(size // 16)}", "GB/s", samples[name][key])
+        add(f"allreduce.ratio.fused16_tuned_default.{size}",
+            f"16 tensors of {human_bytes(size // 16)}: tuned / default Horovod busbw", "ratio",
+            ratios([r[key] for r in per_round["horovod_mpi_tuned"]], [r[key] for r in per_round["horovod_mpi"]]),
+            "median of per-round ratios")
+    ctx.raw["allreduce_sweep"] = {name: {k: statistics.median(v) for k, v in by_size.items()}
+                                  for name, by_size in samples.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 2. Training throughput
+
+TRAIN_IDS = [
+    ("train.container.hvd1", "train", "container, Horovod, 1 worker: images/s", "img/s"),
+    ("train.container.hvd2", "train", "container, Horovod, 2 workers: images/s (total)", "img/s"),
+    ("train.container.mwms2", "train", "container, MWMS, 2 workers: images/s (total)", "img/s"),
+    ("train.host.hvd1", "train", "host venv, Horovod, 1 worker: images/s", "img/s"),
+    ("train.host.hvd2", "train", "host venv, Horovod, 2 workers: images/s (total)", "img/s"),
+    ("train.ratio.container_host.hvd1", "train", "container / host venv, Horovod, 1 worker", "ratio"),
+    ("train.ratio.container_host.hvd2", "train", "container / host venv, Horovod, 2 workers", "ratio"),
+    ("train.efficiency.container.hvd", "train", "2-worker efficiency X2 / 2X1, container, Horovod", "ratio"),
+    ("train.efficiency.host.hvd", "train", "2-worker efficiency X2 / 2X1, host venv, Horovod", "ratio"),
+    ("train.ratio.hvd_mwms", "train", "Horovod / MWMS images/s, 2 workers, container", "ratio"),
+]
+
+
+def bench_training(ctx: Context, app: AppContainer) -> None:
+    plan = ctx.plan
+    # One intra-op thread per worker in every run: 1 worker then has what each of 2 workers has (one of the 2
+    # cores), so X2 / 2X1 measures what distribution costs, not the split of the cores.
+    args = " ".join([*plan.train_args, "--intra-threads", "1"])
+    venv_ready = hostvenv.ready(ctx.config)
+    host_reason = "" if venv_ready else (
+        "the host venv build/bench/host-venv is not built (a full `make bench` builds it once, 6-10 min): "
+        + ("; ".join(hostvenv.host_problems(ctx.config)) or "not built yet"))
+    host_env = {"TF_USE_LEGACY_KERAS": ctx.config.build_args()["TF_USE_LEGACY_KERAS"], "TF_CPP_MIN_LOG_LEVEL": "1",
+                "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "PATH": f"{hostvenv.HOST_VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+    script = REPO_ROOT / "scripts" / "train" / "synthetic_benchmark.py"
+    runs = {
+        "container.hvd1": lambda: app.run(f"mpirun -np 1 tfhpc-benchmark-hvd {args}"),
+        "container.hvd2": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}"),
+        "host.hvd1": lambda: host_run(f"mpirun -np 1 python {script} --mode horovod {args}", host_env),
+        "host.hvd2": lambda: host_run(f"mpirun -np 2 python {script} --mode horovod {args}", host_env),
+        "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
+    }
+    totals: dict[str, list[float]] = {name: [] for name in runs}
+    iteration_totals: dict[str, list[float]] = {name: [] for name in runs}
+    failed: dict[str, str] = {} if venv_ready else {"host.hvd1": host_reason, "host.hvd2": host_reason}
+    for round_ in range(plan.train_rounds):
+        for name, run in runs.items():
+            if name in failed:
+                continue
+            log(f"bench: training round {round_ + 1}/{plan.train_rounds}: {name}")
+            try:
+                report = one_per_rank(parse_results(run()), int(name[-1]))[0]
+                if report["failures"]:
+                    raise RuntimeError(f"the benchmark reported failures {report['failures']}")
+            except Exception as error:  # noqa: BLE001 -- the other runs' figures still count
+                failed[name] = f"{name}: {type(error).__name__}: {str(error)[-300:]}"
+                continue
+            ctx.raw.setdefault("training", []).append({"round": round_, "run": name, **report})
+            totals[name].append(report["images_per_second_total"]["mean"])
+            iteration_totals[name].extend(map(float, [sum(col) for col in zip(*report["rates"])]))
+    labels = {id: (label, unit) for id, _s, label, unit in TRAIN_IDS}
+
+    def add(id, needs, samples, note):
+        reasons = [failed[n] for n in needs if n in failed]
+        if reasons:
+            ctx.add(unmeasured(id, "train", *labels[id], "; ".join(dict.fromkeys(reasons))))
+        else:
+            ctx.add(Figure(id, "train", *labels[id], samples=samples(), note=note))
+
+    for name in runs:
+        add(f"train.{name}", [name], lambda name=name: iteration_totals[name],
+            "samples: total images/s of each timed iteration, all rounds")
+    per_round = "median of per-round ratios (the two runs back to back)"
+    for workers in (1, 2):
+        a, b = f"container.hvd{workers}", f"host.hvd{workers}"
+        add(f"train.ratio.container_host.hvd{workers}", [a, b], lambda a=a, b=b: ratios(totals[a], totals[b]),
+            per_round)
+    for where in ("container", "host"):
+        a, b = f"{where}.hvd2", f"{where}.hvd1"
+        add(f"train.efficiency.{where}.hvd", [a, b],
+            lambda a=a, b=b: [efficiency(x2, x1, 2) for x2, x1 in zip(totals[a], totals[b])],
+            "median of per-round efficiencies (X1 and X2 run back to back)")
+    add("train.ratio.hvd_mwms", ["container.hvd2", "container.mwms2"],
+        lambda: ratios(totals["container.hvd2"], totals["container.mwms2"]), per_round)
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 3. Start-up
+
+STARTUP_MODES = {  # name -> label
+    "sif": "SIF (apptainer exec, squashfuse)",
+    "sandbox": "sandbox directory of the same SIF (apptainer exec)",
+    "docker": "Docker container (overlayfs)",
+    "venv": "host venv (plain python)",
+}
+
+
+def startup_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
+    ids = []
+    for mode, label in STARTUP_MODES.items():
+        for count in plan.startup_counts:
+            ids.append((f"startup.{mode}.{count}", "startup",
+                        f"{label}: import wall time per process, {count} at once", "s"))
+        ids.append((f"startup.{mode}.open_calls", "startup", f"{label}: open calls of one import (python only)",
+                    "calls"))
+        ids.append((f"startup.{mode}.stat_calls", "startup", f"{label}: stat-family calls of one import (python "
+                    "only)", "calls"))
+        ids.append((f"startup.{mode}.all_calls_tree", "startup", f"{label}: all system calls of the whole command "
+                    "(runtime included)", "calls"))
+    for count in plan.startup_counts:
+        ids.append((f"startup.ratio.venv_sif.{count}", "startup",
+                    f"venv / SIF import wall time, {count} at once (> 1: SIF faster)", "ratio"))
+    return ids
+
+
+def _strace_bundle(out: Path) -> Path:
+    """Copy the host's strace, its libraries and dynamic loader into build/bench/strace (see STRACE_LIBS)."""
+    strace = shutil.which("strace")
+    if not strace:
+        raise RuntimeError("strace is not installed on the host (apt-get install strace)")
+    bundle = out / "strace"
+    (bundle / "lib").mkdir(parents=True, exist_ok=True)
+    shutil.copy(strace, bundle / "strace")
+    for name in STRACE_LIBS:
+        shutil.copy(Path("/lib/x86_64-linux-gnu") / name, bundle / "lib" / name)
+    shutil.copy("/lib64/ld-linux-x86-64.so.2", bundle / "ld.so")
+    (bundle / "run").write_text('#!/bin/sh\nd=$(dirname "$0")\nexec "$d/ld.so" --library-path "$d/lib" '
+                                '"$d/strace" "$@"\n')
+    for path in bundle.rglob("*"):
+        path.chmod(0o755)
+    return bundle
+
+
+def _parallel_script(count: int, command: str) -> str:
+    """bash: start `count` copies of COMMAND -c IMPORT_CODE at once; one RESULT line each (wall and import time)."""
+    code = shlex.quote(IMPORT_CODE)
+    return (f"for i in $(seq 0 {count - 1}); do ( s=$EPOCHREALTIME; out=$({command} -c {code} 2>/dev/null); "
+            f"e=$EPOCHREALTIME; imp=$(printf '%s\\n' \"$out\" | sed -n 's/^IMPORT //p'); "
+            f"echo \"RESULT {{\\\"rank\\\": $i, \\\"start\\\": $s, \\\"end\\\": $e, \\\"import_s\\\": ${{imp:-null}}}}\" ) & "
+            f"done; wait")
+
+
+@dataclass(frozen=True)
+class Starter:
+    """How one start-up mode runs: `run(shell command)` where it lives, the python command, and how to strace python
+    alone (`python_in`) and the whole command (`tree`: the strace wrapper, None when nothing starts before python)."""
+
+    run: object
+    command: str
+    python_in: str
+    tree: str | None = None
+
+
+def _startup_runs(ctx: Context, starters: dict[str, Starter], results: dict, reasons: dict) -> None:
+    """Warm every mode up once; then, per round and count, run the modes one after the other (side by side); then
+    strace one import of each. A mode that fails is dropped with its reason; the others go on."""
+    code = shlex.quote(IMPORT_CODE)
+    live = dict(starters)
+
+    def guarded(mode, work):
+        try:
+            work()
+        except Exception as error:  # noqa: BLE001
+            reasons[mode] = f"{type(error).__name__}: {str(error).strip()[-300:]}"
+            live.pop(mode, None)
+            results.pop(mode, None)
+
+    for mode, starter in list(live.items()):
+        results[mode] = {"walls": {}}
+        guarded(mode, lambda: starter.run(f"{starter.command} -c {code} > /dev/null"))  # warm the page cache
+    for round_ in range(ctx.plan.startup_rounds):
+        for count in ctx.plan.startup_counts:
+            for mode, starter in list(live.items()):
+                def once(mode=mode, starter=starter):
+                    log(f"bench: start-up round {round_ + 1}/{ctx.plan.startup_rounds}: {mode} x{count}")
+                    reports = one_per_rank(parse_results(starter.run(_parallel_script(count, starter.command))),
+                                           count)
+                    missing = [r["rank"] for r in reports if r["import_s"] is None]
+                    if missing:
+                        raise RuntimeError(f"{mode}: processes {missing} did not finish the import")
+                    results[mode]["walls"].setdefault(count, []).append([r["end"] - r["start"] for r in reports])
+                    ctx.raw.setdefault("startup", []).append({"mode": mode, "round": round_, "count": count,
+                                                              "processes": reports})
+                guarded(mode, once)
+    for mode, starter in list(live.items()):
+        def trace(mode=mode, starter=starter):
+            python = file_calls(parse_strace_summary(starter.run(f"{starter.python_in} -c {code} 2>&1 >/dev/null")))
+            tree = python if starter.tree is None else file_calls(parse_strace_summary(starter.run(
+                f"{starter.tree} -f -c -o /dev/stderr {starter.command} -c {code} 2>&1 >/dev/null")))
+            results[mode].update(python=python, tree=tree)
+        guarded(mode, trace)
+
+
+def bench_startup(ctx: Context, app: AppContainer) -> None:
+    from ..sif import SIF_DIR, sif_path, start_helper
+    plan, out = ctx.plan, ctx.out
+    bundle = _strace_bundle(out)
+    results: dict[str, dict] = {}
+    reasons = {mode: "QUICK=1 measures the SIF and the venv only (the goal); `make bench` measures every mode"
+               for mode in STARTUP_MODES if mode not in plan.startup_modes}
+    starters: dict[str, Starter] = {}
+    # The Docker container: the bench output directory is /out there, so strace is /out/strace/run.
+    starters["docker"] = Starter(app.run, "python3", "/out/strace/run -f -c -o /dev/stderr python3")
+    if hostvenv.ready(ctx.config):
+        python = hostvenv.HOST_VENV / "bin" / "python"
+        starters["venv"] = Starter(lambda c: host_run(c), str(python), f"{bundle / 'run'} -f -c -o /dev/stderr {python}")
+    else:
+        reasons.setdefault("venv", "the host venv build/bench/host-venv is not built (a full `make bench` builds "
+                                   "it once)")
+    sif = sif_path(ctx.config, ctx.config.layers.leaf)
+    helper = None
+    try:
+        if not sif.is_file():
+            for mode in ("sif", "sandbox"):
+                reasons.setdefault(mode, f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`")
+        elif {"sif", "sandbox"} & set(plan.startup_modes):
+            manifest = Manifest()
+            version = manifest.data["sif"]["apptainer_package_version"].replace("+", "_")
+            helper = start_helper(f"tfhpc-sif-builder:{version}", ["sleep", "infinity"],
+                                  {str(SIF_DIR): "/sif:ro", str(bundle): "/strace:ro"})
+            helper.exec_run(["chmod", "0666", "/dev/fuse"], user="root")  # as tests/sif/conftest.py does
+
+            def in_helper(command: str) -> str:
+                code, output = helper.exec_run(["bash", "-c", command], user="tfhpc", demux=True)
+                text = _decode(output)
+                if code != 0:
+                    raise RuntimeError(f"`{command[:200]}` in the apptainer helper exited {code}: {text[-1500:]}")
+                return text
+            in_sif = f"/sif/{sif.name}"
+            # python alone: strace bound into the container and run there; the whole command: strace outside.
+            inside = "-B /strace:/opt/strace"
+            starters["sif"] = Starter(in_helper, f"apptainer exec {in_sif} python3",
+                                      f"apptainer exec {inside} {in_sif} /opt/strace/run -f -c -o /dev/stderr python3",
+                                      "/strace/run")
+            if "sandbox" in plan.startup_modes:
+                try:
+                    started = time.monotonic()
+                    in_helper(f"apptainer build --sandbox /tmp/sandbox {in_sif} > /tmp/sandbox.log 2>&1")
+                    ctx.raw["sandbox_unpack_seconds"] = round(time.monotonic() - started, 1)
+                    starters["sandbox"] = Starter(
+                        in_helper, "apptainer exec /tmp/sandbox python3",
+                        f"apptainer exec {inside} /tmp/sandbox /opt/strace/run -f -c -o /dev/stderr python3",
+                        "/strace/run")
+                except Exception as error:  # noqa: BLE001
+                    reasons["sandbox"] = f"unpacking the SIF failed: {str(error).strip()[-300:]}"
+        _startup_runs(ctx, {m: s for m, s in starters.items() if m in plan.startup_modes}, results, reasons)
+    finally:
+        if helper is not None:
+            helper.remove(force=True)
+
+    ids = {id: (label, unit) for id, _s, label, unit in startup_figure_ids(plan)}
+    for mode in STARTUP_MODES:
+        if mode not in results:
+            for id in ids:
+                if id.startswith(f"startup.{mode}."):
+                    ctx.add(unmeasured(id, "startup", *ids[id], reasons.get(mode, "not run")))
+            continue
+        data = results[mode]
+        for count in plan.startup_counts:
+            id = f"startup.{mode}.{count}"
+            ctx.add(Figure(id, "startup", *ids[id], samples=[w for round_ in data["walls"][count] for w in round_],
+                           note="samples: every process of every round (process start to exit, warm page cache)"))
+        for kind, key in (("open_calls", "open"), ("stat_calls", "stat")):
+            id = f"startup.{mode}.{kind}"
+            ctx.add(Figure(id, "startup", *ids[id], samples=[data["python"][key]],
+                           note=f"strace -f -c of python alone; {data['python']['failed']} of the open/stat calls "
+                                "failed (paths searched)"))
+        id = f"startup.{mode}.all_calls_tree"
+        ctx.add(Figure(id, "startup", *ids[id], samples=[data["tree"]["all"]],
+                       note=f"strace -f -c of the whole command: open {data['tree']['open']}, stat-family "
+                            f"{data['tree']['stat']}"))
+    for count in plan.startup_counts:
+        id = f"startup.ratio.venv_sif.{count}"
+        if "sif" in results and "venv" in results:
+            venv = [statistics.median(r) for r in results["venv"]["walls"][count]]
+            sifs = [statistics.median(r) for r in results["sif"]["walls"][count]]
+            ctx.add(Figure(id, "startup", *ids[id], samples=ratios(venv, sifs),
+                           note="per round: median process wall time, venv / SIF"))
+        else:
+            ctx.add(unmeasured(id, "startup", *ids[id], reasons.get("sif") or reasons.get("venv", "not run")))
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 4. Footprint and build
+
+def footprint_ids(config: Config) -> list[tuple[str, str, str, str]]:
+    ids = [(f"size.{layer}", "footprint", f"image tfhpc-{layer} (with its parents)", "MB")
+           for layer in config.layers.names]
+    ids += [("size.sif", "footprint", "SIF file", "MB"), ("size.host_venv", "footprint", "host venv directory", "MB"),
+            ("inodes.image", "footprint", "files and directories in the app image", "inodes"),
+            ("inodes.host_venv", "footprint", "files and directories in the host venv", "inodes"),
+            ("inodes.sif", "footprint", "files the SIF puts on the shared file system", "inodes"),
+            ("build.cold", "build", "cold build of the whole stack (recorded)", "s"),
+            ("build.warm", "build", "warm build of the whole stack (recorded)", "s"),
+            ("build.app_warm", "build", "app layer build, nothing changed (cache hit)", "s"),
+            ("build.rebuild_one_script", "build", "app layer rebuild after touching one script", "s"),
+            ("build.sif_conversion", "build", "SIF conversion (make sif, recorded)", "s")]
+    return ids
+
+
+def recorded_builds(path: Path, tag: str) -> list[dict]:
+    """build-times.jsonl entries of one configuration whose every layer was built (a full `make image`)."""
+    entries = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("config") == tag and "total" in entry.get("seconds", {}):
+            entries.append(entry)
+    return entries
+
+
+def cold_and_warm(entries: list[dict]) -> tuple[dict | None, dict | None]:
+    """The slowest recorded build is the coldest the cache has seen, the fastest the warmest; the two are told
+    apart only when there are at least two records."""
+    if len(entries) < 2:
+        return (entries[0] if entries else None), None
+    ordered = sorted(entries, key=lambda e: e["seconds"]["total"])
+    return ordered[-1], ordered[0]
+
+
+def _time_app_build(ctx: Context, context_dir: Path, tag: str) -> float:
+    """`docker build` of the leaf layer as `make image` runs it (same build arguments and secrets; see
+    tfhpc/build.py's build_layer, which always builds from the repository itself), from `context_dir`."""
+    from ..__main__ import _default_ca_bundle
+    from ..build import resolve_ca_bundle
+    from ..dockerhost import build_cli
+    leaf = ctx.config.layers.leaf
+    parent = ctx.config.image(ctx.config.layers.get(leaf).parent)
+    args = ["--progress=plain", "--file", str(context_dir / "containers" / leaf / "Dockerfile"),
+            "--build-arg", f"BASE_IMAGE={parent}", "--tag", tag]
+    for key, value in ctx.config.build_args().items():
+        args += ["--build-arg", f"{key}={value}"]
+    bundle = resolve_ca_bundle(_default_ca_bundle())
+    if bundle:
+        args += ["--secret", f"id=ca_bundle,src={bundle}"]
+    logfile = ctx.out / "rebuild.log"
+    started = time.monotonic()
+    cli = build_cli()
+    with logfile.open("a") as handle:
+        status = subprocess.call([*cli.argv, *args, str(context_dir)], env={**os.environ, **cli.env}, stdout=handle,
+                                 stderr=handle)
+    seconds = time.monotonic() - started
+    if status != 0:
+        raise RuntimeError(f"app layer build failed (exit {status}, see {logfile})")
+    return seconds
+
+
+def bench_footprint(ctx: Context, app: AppContainer) -> None:
+    from ..dockerhost import client
+    from ..provenance import IMAGES_JSON
+    from ..sif import sif_path
+    engine = client()
+    ids = {id: (label, unit) for id, _s, label, unit in footprint_ids(ctx.config)}
+
+    def add(id, value, note="", source=""):
+        ctx.add(Figure(id, ctx_section(id), *ids[id], samples=[value], note=note, source=source))
+
+    def ctx_section(id):
+        return "build" if id.startswith("build.") else "footprint"
+
+    parent_size = 0
+    for layer in ctx.config.layers.names:
+        size = engine.images.get(ctx.config.image(layer)).attrs["Size"]
+        add(f"size.{layer}", size / 1e6, note=f"this layer adds {(size - parent_size) / 1e6:.0f} MB")
+        parent_size = size
+    sif = sif_path(ctx.config, ctx.config.layers.leaf)
+    if sif.is_file():
+        add("size.sif", sif.stat().st_size / 1e6, note="squashfs-compressed")
+        add("inodes.sif", 1, note="one file: the image's inodes live inside it")
+    else:
+        for id in ("size.sif", "inodes.sif"):
+            ctx.add(unmeasured(id, "footprint", *ids[id], f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`"))
+    count = int(app.run("find / -xdev 2>/dev/null | wc -l", check=False).strip().splitlines()[-1])
+    add("inodes.image", count, note="find / -xdev in the running app container")
+    if hostvenv.ready(ctx.config):
+        total = inodes = 0
+        for path in hostvenv.HOST_VENV.rglob("*"):
+            inodes += 1
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+        add("size.host_venv", total / 1e6, note="sum of file sizes (TensorFlow not stripped, headers kept)")
+        add("inodes.host_venv", inodes + 1)
+    else:
+        for id in ("size.host_venv", "inodes.host_venv"):
+            ctx.add(unmeasured(id, "footprint", *ids[id], "the host venv is not built"))
+
+    cold, warm = cold_and_warm(recorded_builds(BUILD_TIMES, ctx.config.tag))
+    for id, entry in (("build.cold", cold), ("build.warm", warm)):
+        if entry is None:
+            ctx.add(unmeasured(id, "build", *ids[id], "build/bench/build-times.jsonl has "
+                               + ("no record" if id == "build.cold" else "a single record")
+                               + f" of {ctx.config.tag}: cold and warm cannot be told apart"))
+        else:
+            layers = ", ".join(f"{k} {v}" for k, v in entry["seconds"].items() if k != "total")
+            add(id, entry["seconds"]["total"], note=f"per layer (s): {layers}",
+                source=f"build/bench/build-times.jsonl, `make image` of {entry['when']}")
+    try:
+        record = json.loads(IMAGES_JSON.read_text())["images"][f"sif:{sif.name}"]
+        add("build.sif_conversion", record["conversion_seconds"],
+            source=f"build/images.json, make sif of image {record['image_id'][:19]}")
+    except (FileNotFoundError, KeyError, ValueError) as error:
+        ctx.add(unmeasured("build.sif_conversion", "build", *ids["build.sif_conversion"],
+                           f"no SIF conversion recorded in build/images.json ({type(error).__name__})"))
+
+    # The app layer, rebuilt from a copy of its build context (so that the working tree and the tagged images stay
+    # as they are): first as it is (a warm build: every step cached), then after touching one script.
+    tag = f"tfhpc-bench-rebuild:{os.getpid()}"
+    with tempfile.TemporaryDirectory(prefix="tfhpc-bench-context-") as tmp:
+        context_dir = Path(tmp)
+        # What .dockerignore lets into the build context.
+        for part in ("containers", "scripts", "tests/cluster/nodes"):
+            if (REPO_ROOT / part).is_dir():
+                shutil.copytree(REPO_ROOT / part, context_dir / part, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(REPO_ROOT / ".dockerignore", context_dir / ".dockerignore")
+        try:
+            _time_app_build(ctx, context_dir, tag)  # fills the cache for this exact context
+            add("build.app_warm", _time_app_build(ctx, context_dir, tag), note="second build of the same context")
+            with (context_dir / "scripts" / "info.py").open("a") as handle:
+                handle.write(f"# touched by make bench at {_now()}\n")
+            add("build.rebuild_one_script", _time_app_build(ctx, context_dir, tag),
+                note="scripts/info.py changed: COPY scripts/ and the layers after it rebuild")
+        finally:
+            try:
+                engine.images.remove(tag)
+            except Exception:  # noqa: BLE001 -- nothing to remove when the build failed
+                pass
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+
+GOALS = [
+    Goal("container_vs_host", "train.ratio.container_host.hvd2", 0.99, "container / host throughput >= 0.99"),
+    Goal("horovod_vs_mpi4py_64MB", f"allreduce.ratio.horovod_mpi.{64 * MB}", 0.9,
+         "Horovod-over-MPI busbw >= 0.9 x mpi4py at 64 MB"),
+    Goal("two_worker_efficiency", "train.efficiency.container.hvd", 0.9, "2-worker efficiency >= 0.9"),
+    Goal("sif_import_faster_8", "startup.ratio.venv_sif.8", 1.0,
+         "import from the SIF faster than from the venv at 8 processes (venv / SIF >= 1)"),
+    Goal("rebuild_one_script", "build.rebuild_one_script", 30.0, "rebuild after one script <= 30 s", at_most=True),
+]
+
+
+def expected_ids(ctx: Context) -> list[tuple[str, str, str, str]]:
+    return [*allreduce_figure_ids(ctx.plan), *TRAIN_IDS, *startup_figure_ids(ctx.plan), *footprint_ids(ctx.config)]
+
+
+def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) -> Path:
+    from ..dockerhost import client
+    from .report import write_outputs
+    import docker.errors
+    started_at, started = _now(), time.monotonic()
+    plan = Plan.make(quick)
+    # The quick run (inside `make test`) writes beside the full run's results, never over them.
+    out_dir = BENCH_DIR / "quick" if quick else BENCH_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = out_dir / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    work.chmod(0o777)  # the image's user (uid 1000) writes here
+    ctx = Context(config, plan, work)
+    try:
+        client().images.get(ctx.app_image)
+    except docker.errors.ImageNotFound:
+        raise UserError(f"{ctx.app_image} is not built: run `make image` first") from None
+    if build_host_venv if build_host_venv is not None else not quick:
+        try:
+            hostvenv.build(config, log)
+        except UserError as error:
+            log(f"bench: no host venv: {error}")
+    ctx.note_environment("start")
+    app = AppContainer(ctx.app_image, work)
+    try:
+        sections = [("allreduce", bench_allreduce, allreduce_figure_ids(plan)),
+                    ("training", bench_training, TRAIN_IDS),
+                    ("start-up", bench_startup, startup_figure_ids(plan)),
+                    ("footprint and build", bench_footprint, footprint_ids(config))]
+        for name, section, ids in sections:
+            section_started = time.monotonic()
+            _attempt(ctx, ids, lambda: section(ctx, app))
+            ctx.raw.setdefault("section_seconds", {})[name] = round(time.monotonic() - section_started, 1)
+            ctx.note_environment(f"after {name}")
+    finally:
+        app.remove()
+    missing = [id for id, *_ in expected_ids(ctx) if id not in ctx.figures]
+    if missing:
+        raise RuntimeError(f"figures neither measured nor marked: {missing}")  # a bug in this module
+    results = {
+        "schema": 1, "quick": quick, "config": config.tag, "app_image": ctx.app_image,
+        "app_image_id": client().images.get(ctx.app_image).id, "started": started_at, "finished": _now(),
+        "duration_seconds": round(time.monotonic() - started, 1), "cpus": os.cpu_count(),
+        "plan": {k: v for k, v in plan.__dict__.items()}, "tuned_horovod": TUNED_HOROVOD,
+        "environment": ctx.environment,
+        "figures": [figure.to_json() for figure in ctx.figures.values()],
+        "goals": [goal.judge(ctx.figures.get(goal.figure)) for goal in GOALS],
+        "raw": ctx.raw,
+    }
+    return write_outputs(results, out_dir)

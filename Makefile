@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
-FLAVOR ?=##        image flavour (cpu; default: versions.toml's default_flavor)
+FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_flavor)
 MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $$PIP_CERT etc.)
@@ -66,6 +66,9 @@ test: sif ## build images and SIF if needed, then run every test: tooling, each 
 
 test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Gloo, MWMS) and a Slurm cluster
 	$(PYTHON) -m pytest tests/cluster $(PYTEST_ARGS)
+
+test-images: image ## tooling and image tests only (no SIF, no cluster): the GPU flavour's suite is `make test-images FLAVOR=gpu`
+	$(PYTHON) -m pytest tests/unit tests/images $(PYTEST_ARGS)
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

@@ -11,19 +11,9 @@ import pytest
 from tfhpc import REPO_ROOT
 
 HADOLINT_CONFIG = REPO_ROOT / ".hadolint.yaml"
-# Findings in files this test's author does not own, reported with their fix (see the reason). strict: the test
-# fails as soon as a file is fixed, so that its entry is removed here.
-KNOWN_FINDINGS = {
-    "containers/mpi/Dockerfile": "SC2046 at lines 10 and 22: `$(mpi-packages ...)` is split on purpose (one "
-                                 "name=version word per package): add `# hadolint ignore=SC2046` above each RUN",
-    "containers/horovod/Dockerfile": "SC2046 on the builder's `apt-install ... $(mpi-packages ...)`: same as "
-                                     "containers/mpi, `# hadolint ignore=SC2046` above that RUN",
-    "recipes/builder/Dockerfile": "DL3008 at line 12: sid's squashfs-tools, fuse2fs, squashfuse, fuse3, openssl and "
-                                  "ca-certificates are unpinned: pin them in versions.toml [sif] or add "
-                                  "`# hadolint ignore=DL3008` with the reason (helper image, never shipped)",
-    "tests/cluster/nodes/image-node.Dockerfile": "DL4006 at line 10: `env | grep` without pipefail: add "
-                                                 "`SHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]` before the RUN",
-}
+# Findings left on purpose, each with its reason. strict: the test fails as soon as a file is clean, so that its entry
+# is removed here. (Empty: every Dockerfile is clean or says inline why a rule does not apply.)
+KNOWN_FINDINGS = {}
 
 
 def tracked_files():

@@ -4,6 +4,7 @@
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # pam_loginuid cannot write a login uid in a container: optional, or ssh logins fail.
 # ssh sessions do not see Docker's ENV: /etc/environment (read by PAM) gives remote ranks the image's PATH and
 # settings, as a site's module or profile would.

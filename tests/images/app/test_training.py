@@ -128,7 +128,7 @@ def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
 DIGITS_ACCURACY = 0.9
 
 
-@pytest.mark.parametrize("name", ["hvd_keras_fit", "mwms_custom_loop"])
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
 def test_two_ranks_learn_the_real_digits(host, image_layer, name):
     reports = run_ranks(host, ENTRYPOINTS[name]("--dataset digits --epochs 8 --verbose 0"), 2)
     print(f"{name} on digits: losses {reports[0]['losses']}, test accuracy {reports[0]['test_accuracy']:.4f}")

@@ -59,12 +59,12 @@ class Plan:
 
     @classmethod
     def make(cls, quick: bool) -> "Plan":
-        if quick:  # what the goals need, once or twice: the SIF and the venv at 1 and 8 processes, 64 MB
-            return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 2, 1,
+        if quick:  # what the goals need, once (ratios n=1): the SIF and the venv at 1 and 8 processes, 64 MB
+            return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 1, 1,
                        ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, 8), 1,
                        ("sif", "venv"))
         return cls(False, tuple(1 << e for e in range(10, 29, 2)), (1 * MB, 16 * MB, 64 * MB, 256 * MB), 5, 0.1,
-                   3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 3,
+                   3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 2,
                    tuple(STARTUP_MODES))
 
 
@@ -90,8 +90,13 @@ class Context:
         from ..dockerhost import client
         others = [f"{c.name} ({c.image.tags[0] if c.image.tags else c.image.short_id})"
                   for c in client().containers.list() if not c.name.startswith("tfhpc-bench-")]
+        try:  # the busiest processes of the host (docker builds do not show as containers)
+            top = subprocess.run(["ps", "-eo", "pcpu=,comm=", "--sort=-pcpu"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[:6]
+        except (OSError, subprocess.TimeoutExpired):
+            top = []
         self.environment.append({"moment": moment, "time": _now(), "loadavg": list(os.getloadavg()),
-                                 "other_containers": others})
+                                 "other_containers": others, "busiest_processes": [" ".join(t.split()) for t in top]})
 
 
 def _now() -> str:
@@ -246,6 +251,10 @@ TRAIN_IDS = [
     ("train.efficiency.container.hvd", "train", "2-worker efficiency X2 / 2X1, container, Horovod", "ratio"),
     ("train.efficiency.host.hvd", "train", "2-worker efficiency X2 / 2X1, host venv, Horovod", "ratio"),
     ("train.ratio.hvd_mwms", "train", "Horovod / MWMS images/s, 2 workers, container", "ratio"),
+    # Horovod's other controller, side by side: how much of the 2-worker cost is MPI's (see the README).
+    ("train.container.hvd2_gloo", "train", "container, Horovod over Gloo, 2 workers: images/s (total)", "img/s"),
+    ("train.efficiency.container.hvd_gloo", "train", "2-worker efficiency X2 / 2X1, container, Horovod over Gloo",
+     "ratio"),
 ]
 
 
@@ -268,7 +277,9 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
         "host.hvd1": lambda: host_run(f"mpirun -np 1 python {script} --mode horovod {args}", host_env),
         "host.hvd2": lambda: host_run(f"mpirun -np 2 python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
+        "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
     }
+    workers_of = {name: 1 if name.endswith("hvd1") else 2 for name in runs}
     totals: dict[str, list[float]] = {name: [] for name in runs}
     iteration_totals: dict[str, list[float]] = {name: [] for name in runs}
     failed: dict[str, str] = {} if venv_ready else {"host.hvd1": host_reason, "host.hvd2": host_reason}
@@ -278,7 +289,7 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
                 continue
             log(f"bench: training round {round_ + 1}/{plan.train_rounds}: {name}")
             try:
-                report = one_per_rank(parse_results(run()), int(name[-1]))[0]
+                report = one_per_rank(parse_results(run()), workers_of[name])[0]
                 if report["failures"]:
                     raise RuntimeError(f"the benchmark reported failures {report['failures']}")
             except Exception as error:  # noqa: BLE001 -- the other runs' figures still count
@@ -311,6 +322,9 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
             "median of per-round efficiencies (X1 and X2 run back to back)")
     add("train.ratio.hvd_mwms", ["container.hvd2", "container.mwms2"],
         lambda: ratios(totals["container.hvd2"], totals["container.mwms2"]), per_round)
+    add("train.efficiency.container.hvd_gloo", ["container.hvd2_gloo", "container.hvd1"],
+        lambda: [efficiency(x2, x1, 2) for x2, x1 in zip(totals["container.hvd2_gloo"], totals["container.hvd1"])],
+        "median of per-round efficiencies (X1 and X2 run back to back)")
 
 
 # ---------------------------------------------------------------------------------------------------------------- #

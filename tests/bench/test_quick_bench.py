@@ -1,0 +1,93 @@
+"""`make bench QUICK=1` as `make test` runs it: the short benchmark runs on the built images and SIF, and its
+results file holds every figure the plan names, each either measured with sane values or marked not measured with
+the reason. Speed goals are reported by the benchmark and never asserted here (the machine is shared)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfhpc import REPO_ROOT
+from tfhpc.bench import run
+
+RESULTS = run.BENCH_DIR / "quick" / "results.json"
+# Plausible ranges per unit: a value outside is a broken measurement (a unit slip, a zero time), not a slow machine.
+SANE = {"GB/s": (1e-7, 1000.0), "ratio": (1e-6, 1000.0), "img/s": (1.0, 1e6), "s": (0.0, 3600.0),
+        "calls": (1.0, 1e8), "MB": (0.001, 1e6), "inodes": (1.0, 1e8)}
+# Figures the quick run must measure wherever `make test` runs (images and SIF are built by then): the container
+# side of every section.
+MUST_MEASURE = ("allreduce.", "train.container.", "train.efficiency.container.", "train.ratio.hvd_mwms",
+                "startup.sif.", "size.", "inodes.image", "build.rebuild_one_script", "build.app_warm")
+
+
+@pytest.fixture(scope="module")
+def results():
+    started = os.times().elapsed
+    done = subprocess.run([sys.executable, "-m", "tfhpc", "bench", "--quick"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, f"make bench QUICK=1 failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    data = json.loads(RESULTS.read_text())
+    assert data["quick"] is True and data["finished"] >= data["started"]
+    assert data["duration_seconds"] <= os.times().elapsed - started + 1
+    return data
+
+
+def test_every_planned_figure_is_reported_once(results, config):
+    plan = run.Plan.make(quick=True)
+    expected = [id for id, *_ in [*run.allreduce_figure_ids(plan), *run.TRAIN_IDS, *run.startup_figure_ids(plan),
+                                  *run.footprint_ids(config)]]
+    reported = [f["id"] for f in results["figures"]]
+    assert sorted(reported) == sorted(expected)
+
+
+def test_figures_are_measured_with_sane_values_or_say_why_not(results):
+    for figure in results["figures"]:
+        if figure["status"] == "not measured":
+            assert figure["value"] is None and figure["samples"] == [], figure["id"]
+            assert len(figure["reason"]) > 10, f"{figure['id']}: not measured without a reason"
+            assert not figure["id"].startswith(MUST_MEASURE), f"{figure['id']}: {figure['reason']}"
+            continue
+        assert figure["status"] == "measured" and not figure["reason"], figure["id"]
+        low, high = SANE[figure["unit"]]
+        value = figure["value"]
+        assert all(math.isfinite(v) and low <= v <= high for v in figure["samples"]), (figure["id"], value)
+        assert value["min"] <= value["median"] <= value["max"] and value["n"] == len(figure["samples"])
+
+
+def test_ratios_agree_with_the_figures_they_come_from(results):
+    figures = {f["id"]: f for f in results["figures"]}
+    size = str(64 << 20)
+    ratio = figures[f"allreduce.ratio.horovod_mpi.{size}"]["value"]["median"]
+    direct = figures[f"allreduce.horovod_mpi.{size}"]["value"]["median"] / figures[f"allreduce.mpi4py.{size}"][
+        "value"]["median"]
+    assert 0.25 < ratio / direct < 4  # per-round ratios vs pooled medians: close, not equal (rounds differ)
+    efficiency = figures["train.efficiency.container.hvd"]["value"]["median"]
+    pooled = figures["train.container.hvd2"]["value"]["median"] / (2 * figures["train.container.hvd1"]["value"]["median"])
+    assert 0.25 < efficiency / pooled < 4
+
+
+def test_every_goal_is_judged_or_says_why_not(results):
+    assert {g["id"] for g in results["goals"]} == {g.id for g in run.GOALS}
+    for goal in results["goals"]:
+        if goal["met"] is None:
+            assert goal["verdict"].startswith("not judged: ") and len(goal["verdict"]) > 20, goal
+        else:
+            assert goal["verdict"] == "met" if goal["met"] else goal["verdict"].startswith("missed by "), goal
+            assert (goal["value"] <= goal["target"]) == goal["met"] if goal["at_most"] else \
+                (goal["value"] >= goal["target"]) == goal["met"]
+
+
+def test_markdown_and_plots_are_written(results):
+    text = (RESULTS.parent / "results.md").read_text()
+    for figure in results["figures"]:
+        assert figure["label"] in text
+    assert results["plots"], results.get("plots_error")
+    for name in results["plots"]:
+        assert (RESULTS.parent / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_what_else_was_running_is_recorded(results):
+    assert len(results["environment"]) >= 2
+    assert all(len(e["loadavg"]) == 3 and isinstance(e["other_containers"], list) for e in results["environment"])

@@ -149,6 +149,17 @@ def driver_cuda_version():
     return None, None
 
 
+def nccl_version(code):
+    """hvd.nccl_built() gives NCCL's version code: major*10000 + minor*100 + patch since NCCL 2.9 (21903 = 2.19.3),
+    major*1000 + minor*100 + patch before."""
+    if not code:
+        return "none"
+    code = int(code)
+    if code >= 20900:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
 def check_gpus(report, probe):
     devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
     driver, _ = driver_cuda_version()
@@ -161,7 +172,7 @@ def check_gpus(report, probe):
                    "use the gpu flavour of the image to train on these GPUs" if devices else "")
         return
     wanted = f"CUDA {probe.get('tf_cuda_version')}, cuDNN {probe.get('tf_cudnn_version')}, " \
-             f"NCCL {probe.get('hvd_nccl_built') or 'none'}"
+             f"NCCL {nccl_version(probe.get('hvd_nccl_built'))}"
     if not devices and driver is None:
         report.add("gpu", "devices", WARN, f"no GPU visible: TensorFlow runs on the CPU (image built for {wanted})",
                    "on a GPU node add --nv (apptainer) or --gpus all (docker)")

@@ -125,6 +125,11 @@ class Config:
         return f"{IMAGE_PREFIX}-{layer}:{self.tag}"
 
     @property
+    def tensorflow_distribution(self) -> str:
+        """The wheel's name without extras: "tensorflow[and-cuda]" installs the distribution "tensorflow"."""
+        return self.tensorflow_package.split("[", 1)[0]
+
+    @property
     def registry_root_image(self) -> str:
         return self.os["registry_image"]
 

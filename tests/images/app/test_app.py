@@ -64,7 +64,7 @@ def test_images_json_records_what_each_image_reports(docker_client, layer):
         assert upstream_version(CONFIG.os["mpi"][CONFIG.mpi]["package_version"]) in reported["mpirun_version"]
         assert reported["packages"]["mpi4py"] == CONFIG.versions["mpi4py"]
     if "tensorflow" in chain:
-        assert reported["packages"][CONFIG.tensorflow_package] == CONFIG.versions["tensorflow"]
+        assert reported["packages"][CONFIG.tensorflow_distribution] == CONFIG.versions["tensorflow"]
     if "horovod" in chain:
         assert reported["packages"]["horovod"] == CONFIG.versions["horovod"]
         assert "[X] MPI" in reported["horovod_check_build"]

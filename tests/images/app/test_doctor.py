@@ -8,7 +8,7 @@ import shlex
 import jsonschema
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import CONFIG, REPO_ROOT
 
 SCHEMA = json.loads((REPO_ROOT / "scripts" / "doctor.schema.json").read_text())
 TWO_SLURM_TASKS = ("for i in 0 1; do SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=$i SLURM_LOCALID=$i "
@@ -103,9 +103,16 @@ def test_nccl_interface_that_does_not_exist_is_flagged(host, image_layer):
 def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(host, image_layer):
     rc, out, err = doctor(host, arguments="")
     assert rc == 0, out + err
-    assert "[info] devices: CPU image; 0 GPU device(s) visible" in out
     assert out.strip().splitlines()[-1].startswith("verdict: OK (0 failed")
-    assert "[ ok ] horovod: Horovod built with MPI, Gloo" in out
+    if CONFIG.flavor == "gpu":  # a GPU image without a GPU: a warning with the fix, and what the image expects
+        gpu = CONFIG.gpu
+        assert (f"[warn] devices: no GPU visible: TensorFlow runs on the CPU (image built for CUDA {gpu['cuda']}, "
+                f"cuDNN {gpu['cudnn'].split('.')[0]}, NCCL {gpu['nccl']})") in out
+        assert "fix: on a GPU node add --nv" in out
+        assert "[ ok ] horovod: Horovod built with MPI, Gloo, NCCL" in out
+    else:
+        assert "[info] devices: CPU image; 0 GPU device(s) visible" in out
+        assert "[ ok ] horovod: Horovod built with MPI, Gloo" in out
 
 
 def test_output_file_holds_the_whole_report_and_a_bad_path_is_one_line(host, image_layer):

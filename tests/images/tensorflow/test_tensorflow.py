@@ -31,7 +31,7 @@ def test_legacy_keras_switch_matches_tf_keras(host, image_layer):
 
 def test_tensorflow_distribution_matches_flavor(host, image_layer):
     packages = {re.sub(r"[-_.]+", "-", p).lower() for p in host.pip.get_packages(pip_path="/opt/venv/bin/pip")}
-    distribution = re.sub(r"\[.*\]$", "", CONFIG.tensorflow_package)  # "tensorflow[and-cuda]" is the wheel "tensorflow"
+    distribution = CONFIG.tensorflow_distribution  # "tensorflow[and-cuda]" installs the wheel "tensorflow"
     assert distribution in packages
     if distribution != "tensorflow":
         assert "tensorflow" not in packages, "the full tensorflow wheel must not be installed over " + distribution

@@ -19,8 +19,9 @@ def test_check_build_shows_nccl_mpi_and_gloo(host, image_layer):
 def test_horovod_links_the_nccl_tensorflow_loads(host, image_layer):
     library = host.check_output(f"ls {SITE}/horovod/tensorflow/mpi_lib*.so")
     ldd = host.check_output(f"ldd {library}")
-    nccl = [line for line in ldd.splitlines() if "libnccl.so.2" in line]
-    assert len(nccl) == 1 and f"{SITE}/nvidia/nccl/lib/libnccl.so.2" in nccl[0].replace("/../..", ""), ldd
+    nccl = [line.split("=>")[1].split("(")[0].strip() for line in ldd.splitlines() if "libnccl.so.2 =>" in line]
+    assert len(nccl) == 1, ldd
+    assert host.check_output(f"realpath {nccl[0]}") == f"{SITE}/nvidia/nccl/lib/libnccl.so.2", ldd
 
 
 def test_every_library_resolves_but_libcuda(host, image_layer):

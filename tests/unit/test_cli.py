@@ -40,7 +40,7 @@ def test_docker_unreachable_says_how_to_start_it():
 
 def test_show_prints_the_resolved_configuration():
     import json
-    status, out, _ = tfhpc("show", STACK="conservative", MPI="mpich")
+    status, out, _ = tfhpc("show", STACK="conservative", FLAVOR="cpu", MPI="mpich")
     assert status == 0
     shown = json.loads(out)
     assert shown["tag"] == "conservative-cpu-mpich"

@@ -17,9 +17,11 @@ RESULTS = run.BENCH_DIR / "quick" / "results.json"
 SANE = {"GB/s": (1e-7, 1000.0), "ratio": (1e-6, 1000.0), "img/s": (1.0, 1e6), "s": (0.0, 3600.0),
         "calls": (1.0, 1e8), "MB": (0.001, 1e6), "inodes": (1.0, 1e8)}
 # Figures the quick run must measure wherever `make test` runs (images and SIF are built by then): the container
-# side of every section.
+# side of every section. The host venv's figures are not among them: a fresh CI machine has no host venv (the full
+# bench builds it), and they are then "not measured" with that reason.
 MUST_MEASURE = ("allreduce.", "train.container.", "train.efficiency.container.", "train.ratio.hvd_mwms",
                 "startup.sif.", "size.", "inodes.image", "build.rebuild_one_script", "build.app_warm")
+HOST_VENV_FIGURES = ("size.host_venv", "inodes.host_venv")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def test_figures_are_measured_with_sane_values_or_say_why_not(results):
         if figure["status"] == "not measured":
             assert figure["value"] is None and figure["samples"] == [], figure["id"]
             assert len(figure["reason"]) > 10, f"{figure['id']}: not measured without a reason"
-            assert not figure["id"].startswith(MUST_MEASURE), f"{figure['id']}: {figure['reason']}"
+            if figure["id"] not in HOST_VENV_FIGURES:
+                assert not figure["id"].startswith(MUST_MEASURE), f"{figure['id']}: {figure['reason']}"
             continue
         assert figure["status"] == "measured" and not figure["reason"], figure["id"]
         low, high = SANE[figure["unit"]]

@@ -28,6 +28,12 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mpi", default=os.environ.get("MPI") or None, help="openmpi or mpich")
 
 
+def _add_source_options(parser: argparse.ArgumentParser, base_help: str, ca_help: str) -> None:
+    """--base-source and --ca-bundle, defaulting to BASE_SOURCE and the host's CA bundle, for commands that build."""
+    parser.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto", help=base_help)
+    parser.add_argument("--ca-bundle", default=_default_ca_bundle(), help=ca_help)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tfhpc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -36,19 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     build = commands.add_parser("build", help="build a layer and its ancestors, then record build/images.json")
     _add_config_options(build)
     build.add_argument("--layer", default=os.environ.get("LAYER") or None, help="last layer to build (default: the leaf)")
-    build.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
-                       help="registry, debootstrap or auto")
-    build.add_argument("--ca-bundle", default=_default_ca_bundle(),
-                       help="PEM bundle for apt/pip during the build only ('none': no bundle)")
+    _add_source_options(build, base_help="registry, debootstrap or auto",
+                        ca_help="PEM bundle for apt/pip during the build only ('none': no bundle)")
     build.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
                        help="PyPI mirror for the build (a BuildKit secret: never in a layer)")
 
     sif = commands.add_parser("sif", help="convert a built image into a SIF under build/sif/")
     _add_config_options(sif)
     sif.add_argument("--layer", default=os.environ.get("LAYER") or None, help="image to convert (default: the leaf)")
-    sif.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
-                     help="root of the apptainer helper image, when the host has no apptainer")
-    sif.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for the helper image's build")
+    _add_source_options(sif, base_help="root of the apptainer helper image, when the host has no apptainer",
+                        ca_help="CA bundle for the helper image's build")
     sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
                      help="PEM private key: sign the SIF with it (apptainer sign --key)")
 
@@ -57,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
     native = commands.add_parser("native-sif", help="build every layer's SIF from recipes/native/ with apptainer")
     _add_config_options(native)
-    native.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
-                        help="root image for the base recipe and the helper: registry, debootstrap or auto")
-    native.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for apt/pip during the builds")
+    _add_source_options(native,
+                        base_help="root image for the base recipe and the helper: registry, debootstrap or auto",
+                        ca_help="CA bundle for apt/pip during the builds")
 
     bench = commands.add_parser("bench", help="measure the images side by side (build/bench/results.json, "
                                 "results.md, PNG plots)")
@@ -88,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ci_layer = commands.add_parser("ci-build-layer", help="CI: build one layer on its parent image, already loaded")
     _add_config_options(ci_layer)
     ci_layer.add_argument("--layer", required=True)
-    ci_layer.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto",
-                          help="root image of the first layer: registry, debootstrap or auto")
-    ci_layer.add_argument("--ca-bundle", default=_default_ca_bundle(), help="CA bundle for apt/pip during the build")
+    _add_source_options(ci_layer, base_help="root image of the first layer: registry, debootstrap or auto",
+                        ca_help="CA bundle for apt/pip during the build")
 
     clean = commands.add_parser("clean", help="remove dangling images and the build cache")
     clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")

@@ -118,8 +118,10 @@ def check_runtime(report):
         nv = any(lib.startswith("libcuda.so") for lib in libs)
         report.facts["runtime"] = name
         report.facts["nv"] = nv
-        report.add("runtime", "container", OK, f"{name}; --nv {'given' if nv else 'not given'} "
-                   f"({len(libs)} host libraries in /.singularity.d/libs)")
+        # --nv leaves no other trace: on a host without the NVIDIA driver it injects nothing, so say what is seen.
+        report.add("runtime", "container", OK, f"{name}; " + ("--nv given: host libcuda injected" if nv else
+                   "no libcuda injected (--nv not given, or the host has no NVIDIA driver)") +
+                   f" ({len(libs)} host libraries in /.singularity.d/libs)")
     elif Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
         name = "podman" if Path("/run/.containerenv").exists() else "docker"
         report.facts["runtime"] = name

@@ -30,7 +30,7 @@ from .dockerhost import client
 from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
 from .provenance import IMAGES_JSON
 from .rootimage import log
-from .sif import HELPER_USER, _sha256, host_apptainer, sif_path
+from .sif import HELPER_USER, _sha256, builder_image_name, host_apptainer, sif_path
 
 PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
 SIF_REPOSITORY_SUFFIX = "-sif"
@@ -136,21 +136,18 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
                         "run `make sif` first; nothing was pushed")
     if host_apptainer() is None:
         try:
-            engine.images.get(helper_image(manifest))
+            engine.images.get(builder_image_name(manifest, config))
         except docker.errors.ImageNotFound:
-            raise UserError(f"no apptainer on this host and no helper image {helper_image(manifest)}: "
+            raise UserError(f"no apptainer on this host and no helper image {builder_image_name(manifest, config)}: "
                             "run `make sif` (it builds the helper); nothing was pushed") from None
     scheme = probe_registry(registry)
     tags = [version_tag(config), *moving_tags(manifest, config)]
     return Plan(registry, scheme, images, sif, f"{registry}/{IMAGE_PREFIX}-{leaf}{SIF_REPOSITORY_SUFFIX}", tags)
 
 
-def helper_image(manifest: Manifest) -> str:
-    # The same name tfhpc/sif.py builds the helper under (`make sif`).
-    return f"tfhpc-sif-builder:{manifest.data['sif']['apptainer_package_version'].replace('+', '_')}"
 
 
-def run_apptainer_script(manifest: Manifest, script: str, workdir: Path) -> str:
+def run_apptainer_script(manifest: Manifest, config: Config, script: str, workdir: Path) -> str:
     """Run a bash script that calls apptainer/openssl with `workdir` as its working directory: on the host when it
     has apptainer, else in the helper container as its unprivileged user, on the host's network (so that a
     registry on the host's 127.0.0.1 is reachable). Push, pull, sign and verify mount nothing, so the container
@@ -163,7 +160,7 @@ def run_apptainer_script(manifest: Manifest, script: str, workdir: Path) -> str:
         status, output = done.returncode, done.stdout + done.stderr
     else:
         container = client().containers.run(
-            helper_image(manifest), ["bash", "-euo", "pipefail", "-c", script], user=HELPER_USER,
+            builder_image_name(manifest, config), ["bash", "-euo", "pipefail", "-c", script], user=HELPER_USER,
             working_dir=str(workdir), volumes={str(workdir): {"bind": str(workdir), "mode": "rw"}},
             environment=environment, network_mode="host", detach=True)
         try:
@@ -240,7 +237,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                                                   "image_id": engine.images.get(local).id}
             sif_refs = [f"oras://{ref}" for ref in plan.refs(plan.sif_repository)]
             log(f"pushing {plan.sif.name} as {sif_refs[0]}" + (" (signed with SIGN_KEY)" if sign_key else ""))
-            run_apptainer_script(manifest, "\n".join(
+            run_apptainer_script(manifest, config, "\n".join(
                 [*script, f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(sif_refs[0])}"]),
                 workdir)
             published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": _sha256(sif),
@@ -261,7 +258,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                     published["images"][reference] = {"image": local, "digest": _docker_push(reference),
                                                       "image_id": engine.images.get(local).id}
             if len(sif_refs) > 1:
-                run_apptainer_script(manifest, "\n".join(
+                run_apptainer_script(manifest, config, "\n".join(
                     f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(ref)}"
                     for ref in sif_refs[1:]), workdir)
                 published["sif"]["references"] = sif_refs

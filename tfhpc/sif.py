@@ -71,10 +71,17 @@ def host_apptainer() -> str | None:
     return shutil.which("apptainer") or shutil.which("singularity")
 
 
+def builder_image_name(manifest: Manifest, config: Config) -> str:
+    """One helper per apptainer version and OS release: its Open MPI (outside the SIF, for the hybrid launch
+    `mpirun -np N apptainer exec ...`) must be the one inside the image, and each OS release has its own."""
+    version = manifest.data["sif"]["apptainer_package_version"].replace("+", "_")
+    return f"tfhpc-sif-builder:{version}-{config.os_release}"
+
+
 def builder_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
-    """The helper image with apptainer, built once per apptainer version (BuildKit cache does the rest)."""
+    """The helper image with apptainer, built once per apptainer version and OS (BuildKit cache does the rest)."""
     version = manifest.data["sif"]["apptainer_package_version"]
-    name = f"tfhpc-sif-builder:{version.replace('+', '_')}"
+    name = builder_image_name(manifest, config)
     root = resolve_root(config, base_source)
     dockerfile = REPO_ROOT / "recipes" / "builder" / "Dockerfile"
     args = {"APPTAINER_PACKAGE_VERSION": version,

@@ -138,13 +138,13 @@ def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(publ
         (workdir / name).write_bytes((keys / name).read_bytes())
     first, moving = published["sif"]["references"][0], published["sif"]["references"][-1]
     # What a site runs (README): pull over oras, then verify with the key it was given.
-    publish.run_apptainer_script(MANIFEST, "\n".join([
+    publish.run_apptainer_script(MANIFEST, CONFIG, "\n".join([
         f"apptainer pull --no-https pulled.sif {first}",
         f"apptainer pull --no-https moving.sif {moving}",
         "apptainer verify --key site.pub pulled.sif"]), workdir)
     assert sha256(workdir / "pulled.sif") == sha256(workdir / "moving.sif") == published["sif"]["sha256"]
     with pytest.raises(UserError, match="apptainer failed"):
-        publish.run_apptainer_script(MANIFEST, "apptainer verify --key other.pub pulled.sif", workdir)
+        publish.run_apptainer_script(MANIFEST, CONFIG, "apptainer verify --key other.pub pulled.sif", workdir)
     # The signature was added to a copy: the SIF of `make sif` is unchanged and still the one images.json records.
     local = sif_path(CONFIG, LEAF)
     recorded = json.loads((REPO_ROOT / "build" / "images.json").read_text())["images"][f"sif:{local.name}"]

@@ -36,7 +36,8 @@ def test_python_imports_and_versions(user_host, in_sif):
 
 def test_horovod_check_build(user_host, in_sif):
     out = user_host.check_output(f"apptainer exec {in_sif} horovodrun --check-build")
-    for line in ("[X] TensorFlow", "[X] MPI", "[X] Gloo"):
+    expected = ["[X] TensorFlow", "[X] MPI", "[X] Gloo"] + (["[X] NCCL"] if CONFIG.flavor == "gpu" else [])
+    for line in expected:
         assert line in out
 
 
@@ -120,11 +121,27 @@ def test_ready_for_nv(user_host, in_sif):
     assert "LD_LIBRARY_PATH=" not in definition
 
 
+def test_nv_on_a_host_without_gpu_runs_the_cpu_path(user_host, in_sif):
+    """`apptainer exec --nv` is what GPU users type; on a node without GPU or driver it must still run (values
+    checked), and the GPU image says in one line (rank 0) that it fell back to the CPU."""
+    result = user_host.run(f"apptainer exec --nv {in_sif} mpirun -np 2 tfhpc-smoke-collectives "
+                           "--sizes 1,4096 --dtypes float32,int32")
+    assert result.rc == 0, result.stderr[-2000:]
+    check_collectives(results(result.stdout, 2))
+    fallback = [line for line in (result.stdout + result.stderr).splitlines() if "no GPU visible" in line]
+    assert len(fallback) == (1 if CONFIG.flavor == "gpu" else 0), fallback
+    doctor = user_host.run(f"apptainer exec --nv {in_sif} tfhpc-doctor")
+    assert doctor.rc == 0, doctor.stdout[-2000:]
+    assert "no libcuda injected (--nv not given, or the host has no NVIDIA driver)" in doctor.stdout
+
+
 @pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")
 def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
     """mpirun outside, apptainer inside: needs an outer Open MPI of the image's version (README: when it works)."""
     if not user_host.exists("mpirun"):
         pytest.fail("the SIF helper image lacks the outer Open MPI (recipes/builder/Dockerfile)")
+    image_version = upstream_version(CONFIG.os["mpi"]["openmpi"]["package_version"])
+    assert f"(Open MPI) {image_version}" in user_host.check_output("mpirun --version")
     out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
     check_collectives(results(out, 2))

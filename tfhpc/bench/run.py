@@ -435,7 +435,7 @@ def _startup_runs(ctx: Context, starters: dict[str, Starter], results: dict, rea
 
 
 def bench_startup(ctx: Context, app: AppContainer) -> None:
-    from ..sif import SIF_DIR, sif_path, start_helper
+    from ..sif import SIF_DIR, builder_image_name, sif_path, start_helper
     plan, out = ctx.plan, ctx.out
     bundle = _strace_bundle(out)
     results: dict[str, dict] = {}
@@ -457,9 +457,7 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
             for mode in ("sif", "sandbox"):
                 reasons.setdefault(mode, f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`")
         elif {"sif", "sandbox"} & set(plan.startup_modes):
-            manifest = Manifest()
-            version = manifest.data["sif"]["apptainer_package_version"].replace("+", "_")
-            helper = start_helper(f"tfhpc-sif-builder:{version}", ["sleep", "infinity"],
+            helper = start_helper(builder_image_name(Manifest(), ctx.config), ["sleep", "infinity"],
                                   {str(SIF_DIR): "/sif:ro", str(bundle): "/strace:ro"})
             helper.exec_run(["chmod", "0666", "/dev/fuse"], user="root")  # as tests/sif/conftest.py does
 

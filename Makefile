@@ -13,10 +13,11 @@ LAYER ?=##         last layer to build with `make image` (default: app, the leaf
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
+NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
 QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY
+export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench

@@ -39,10 +39,15 @@ def image_node_image(config: Config, ca_bundle: Path | None) -> str:
 
 def slurm_node_image(manifest: Manifest, config: Config, ca_bundle: Path | None, helper: str) -> str:
     """The SIF builder image plus Slurm, munge and an ssh server (tests/cluster/nodes/slurm-node.Dockerfile)."""
+    missing = [key for key in ("slurm_package_version", "slurm_pmix_package") if not config.os.get(key)]
+    if missing:
+        raise UserError(f"{manifest.path}: [os.{config.os_release}] has no {' or '.join(missing)}, which the Slurm "
+                        "tests need: add them (Debian's slurmd version and the PMIx runtime package)")
     version = config.os["slurm_package_version"]
     name = f"tfhpc-test-slurm-node:{version.replace('+', '_')}"
     return build_layer(config, "base", helper, ca_bundle, None, {}, dockerfile=NODES_DIR / "slurm-node.Dockerfile",
-                       image=name, extra_args={"SLURM_PACKAGE_VERSION": version})
+                       image=name, extra_args={"SLURM_PACKAGE_VERSION": version,
+                                               "PMIX_PACKAGE": config.os["slurm_pmix_package"]})
 
 
 def slurm_conf(controller: str, nodes: list[str], cpus: int) -> str:

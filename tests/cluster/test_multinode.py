@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from conftest import CONFIG
+
 HOSTS = "node1:1,node2:1"
 
 
@@ -115,7 +117,14 @@ def test_killed_node_ends_the_job_within_60_seconds_and_is_named(image_cluster):
     assert not thread.is_alive(), "the job still runs 90 s after node2 died"
     rc, out = finished["result"]
     ended_after = time.monotonic() - killed_at
-    assert rc != 0, out
     assert ended_after <= 60, f"the job ended {ended_after:.0f} s after the kill"
     assert image_cluster.dead() == ["node2"]
     assert image_cluster.report().startswith(f"cluster {image_cluster.name}: node(s) not running: node2")
+    open_mpi_5 = CONFIG.mpi == "openmpi" and CONFIG.os["mpi"]["openmpi"]["package_version"].startswith("5.")
+    if rc == 0 and open_mpi_5 and "PRTE has lost communication with a remote daemon" in out:
+        # Measured: Open MPI 5.0.7's mpirun (PRRTE 3) prints "PRTE has lost communication with a remote daemon",
+        # ends the job within seconds, and then exits 0 in about half the runs (3 of 5 here; Open MPI 4.1.4 always
+        # non-zero). PRRTE's errmgr rework (openpmix/prrte#2603) postdates Debian 13's 5.0.7. Remove when
+        # [os.trixie] pins an Open MPI whose mpirun always exits non-zero here.
+        pytest.xfail("Open MPI 5.0.7's mpirun exited 0 after losing a node (README: GPU flavour, known issues)")
+    assert rc != 0, out

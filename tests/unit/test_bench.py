@@ -178,3 +178,32 @@ def test_report_tables_and_plots(tmp_path):
     path = write_outputs(results, tmp_path)
     assert json.loads(path.read_text())["plots"] == ["allreduce.png"]
     assert (tmp_path / "allreduce.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _FakeContext:
+    def __init__(self, config):
+        self.config = config
+
+
+def _ngc(config, app_bytes=5_000_000_000):
+    seen = {}
+    run.ngc_ratio(_FakeContext(config), app_bytes,
+                  lambda value, note, source: seen.update(value=value, note=note, source=source),
+                  lambda reason: seen.update(reason=reason))
+    return seen
+
+
+def test_ngc_ratio_uses_the_published_reference_for_the_gpu_flavour(manifest, monkeypatch):
+    monkeypatch.delenv("NGC_IMAGE", raising=False)
+    reference = manifest.data["bench"]["ngc_reference"]
+    seen = _ngc(manifest.config(flavor="gpu"))
+    assert seen["value"] == pytest.approx(5_000_000_000 / reference["bytes"])
+    assert reference["image"] in seen["note"] and seen["source"] == reference["source"]
+    run_goal = next(goal for goal in run.GOALS if goal.figure == "size.ratio.ngc")
+    assert run_goal.at_most and run_goal.target == 0.5
+
+
+def test_ngc_ratio_is_not_a_goal_of_the_cpu_flavour(manifest, monkeypatch):
+    monkeypatch.delenv("NGC_IMAGE", raising=False)
+    seen = _ngc(manifest.config(flavor="cpu"))
+    assert "value" not in seen and "replaces no NGC image" in seen["reason"]

@@ -529,6 +529,7 @@ def footprint_ids(config: Config) -> list[tuple[str, str, str, str]]:
            for layer in config.layers.names]
     ids += [("size.sif", "footprint", "SIF file", "MB"), ("size.host_venv", "footprint", "host venv directory", "MB"),
             ("inodes.image", "footprint", "files and directories in the app image", "inodes"),
+            ("size.ratio.ngc", "footprint", "app image / the NVIDIA NGC TensorFlow image it replaces", "x"),
             ("inodes.host_venv", "footprint", "files and directories in the host venv", "inodes"),
             ("inodes.sif", "footprint", "files the SIF puts on the shared file system", "inodes"),
             ("build.cold", "build", "cold build of the whole stack (recorded)", "s"),
@@ -592,6 +593,27 @@ def _time_app_build(ctx: Context, context_dir: Path, tag: str) -> float:
     return seconds
 
 
+def ngc_ratio(ctx: Context, app_bytes: int, measured, not_measured) -> None:
+    """The GPU flavour's size goal: its app image against NVIDIA's NGC TensorFlow image. NGC_IMAGE names a locally
+    pulled NGC image to measure; otherwise the published figure in versions.toml's [bench.ngc_reference]."""
+    from ..dockerhost import client
+    if ctx.config.flavor != "gpu":
+        not_measured(f"the {ctx.config.flavor} flavour replaces no NGC image (the goal is the GPU flavour's: "
+                     "`make bench FLAVOR=gpu`)")
+        return
+    local = os.environ.get("NGC_IMAGE")
+    if local:
+        ngc_bytes = client().images.get(local).attrs["Size"]  # checked before the bench started
+        source = f"docker image inspect {local} (measured here)"
+    else:
+        reference = Manifest().data.get("bench", {}).get("ngc_reference")
+        if not reference:
+            not_measured("no NGC_IMAGE pulled locally and no [bench.ngc_reference] in versions.toml")
+            return
+        local, ngc_bytes, source = reference["image"], reference["bytes"], reference["source"]
+    measured(app_bytes / ngc_bytes, f"{app_bytes / 1e9:.2f} GB vs {local} {ngc_bytes / 1e9:.1f} GB", source)
+
+
 def bench_footprint(ctx: Context, app: AppContainer) -> None:
     from ..dockerhost import client
     from ..provenance import IMAGES_JSON
@@ -617,6 +639,8 @@ def bench_footprint(ctx: Context, app: AppContainer) -> None:
     else:
         for id in ("size.sif", "inodes.sif"):
             ctx.add(unmeasured(id, "footprint", *ids[id], f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`"))
+    ngc_ratio(ctx, parent_size, lambda value, note, source: add("size.ratio.ngc", value, note, source),
+              lambda reason: ctx.add(unmeasured("size.ratio.ngc", "footprint", *ids["size.ratio.ngc"], reason)))
     count = int(app.run("find / -xdev 2>/dev/null | wc -l", check=False).strip().splitlines()[-1])
     add("inodes.image", count, note="find / -xdev in the running app container")
     if hostvenv.ready(ctx.config):
@@ -683,6 +707,8 @@ GOALS = [
     Goal("sif_import_faster_8", "startup.ratio.venv_sif.8", 1.0,
          "import from the SIF faster than from the venv at 8 processes (venv / SIF >= 1)"),
     Goal("rebuild_one_script", "build.rebuild_one_script", 30.0, "rebuild after one script <= 30 s", at_most=True),
+    Goal("gpu_image_half_of_ngc", "size.ratio.ngc", 0.5, "GPU app image <= half of the NGC TensorFlow image",
+         at_most=True),
 ]
 
 
@@ -708,6 +734,13 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
         client().images.get(ctx.app_image)
     except docker.errors.ImageNotFound:
         raise UserError(f"{ctx.app_image} is not built: run `make image` first") from None
+    ngc_image = os.environ.get("NGC_IMAGE")
+    if ngc_image:
+        try:
+            client().images.get(ngc_image)
+        except docker.errors.ImageNotFound:
+            raise UserError(f"NGC_IMAGE={ngc_image} is not in the local docker: `docker pull {ngc_image}` first, "
+                            "or unset NGC_IMAGE to compare with the published figure") from None
     if build_host_venv if build_host_venv is not None else not quick:
         try:
             hostvenv.build(config, log)

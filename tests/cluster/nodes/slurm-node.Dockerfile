@@ -5,13 +5,14 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root
 ARG SLURM_PACKAGE_VERSION
+ARG PMIX_PACKAGE
 COPY containers/base/apt-install /usr/local/sbin/
 # sid served apptainer only (its Release file may be past Valid-Until): Slurm and the rest come from the OS release.
 # Slurm's mpi/pmix plugin opens the unversioned libpmix.so, which only libpmix-dev ships; libpmix-dev pulls
 # libc6-dev, which cannot match sid's libc here, so the two links it would add are made by hand.
 RUN --mount=type=secret,id=ca_bundle set -eu; \
     rm -f /etc/apt/sources.list.d/sid.list /etc/apt/preferences.d/sid; \
-    apt-install openssh-server munge libpmix2 \
+    apt-install openssh-server munge "${PMIX_PACKAGE}" \
         "slurmctld=${SLURM_PACKAGE_VERSION}" "slurmd=${SLURM_PACKAGE_VERSION}" \
         "slurm-client=${SLURM_PACKAGE_VERSION}" "slurm-wlm-basic-plugins=${SLURM_PACKAGE_VERSION}"; \
     sed -i 's/^session\s*required\s*pam_loginuid.so/session optional pam_loginuid.so/' /etc/pam.d/sshd; \

@@ -529,7 +529,7 @@ def footprint_ids(config: Config) -> list[tuple[str, str, str, str]]:
            for layer in config.layers.names]
     ids += [("size.sif", "footprint", "SIF file", "MB"), ("size.host_venv", "footprint", "host venv directory", "MB"),
             ("inodes.image", "footprint", "files and directories in the app image", "inodes"),
-            ("size.ratio.ngc", "footprint", "app image / the NVIDIA NGC TensorFlow image it replaces", "x"),
+            ("size.ratio.ngc", "footprint", "app image / the NVIDIA NGC TensorFlow image it replaces", "ratio"),
             ("inodes.host_venv", "footprint", "files and directories in the host venv", "inodes"),
             ("inodes.sif", "footprint", "files the SIF puts on the shared file system", "inodes"),
             ("build.cold", "build", "cold build of the whole stack (recorded)", "s"),

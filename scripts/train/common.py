@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "tfhpc"
+FAIL_WAIT_SECONDS = 10  # see fail()
 DIGITS_FILE = Path(os.environ.get("TFHPC_DATA", "/opt/tfhpc/data")) / "digits.csv.gz"
 DIGITS_TRAIN = 1437  # scikit-learn's digits: 1797 samples, 80 % for training
 IMAGE_SHAPE = (28, 28, 1)
@@ -75,6 +76,11 @@ def fail(message, code=2, everyone=False):
     problem is this process's own (everyone=True)."""
     if everyone or launch_rank() == 0:
         print(f"{PREFIX}: error: {message}", file=sys.stderr, flush=True)
+    else:
+        # The silent ranks leave last: a launcher kills the job at the first non-zero exit, and Open MPI 5's mpirun
+        # then lost rank 0's line when another rank exited first (measured: in 1 of 2 GPU-image test runs). Rank 0's
+        # exit ends the job, so the wait costs nothing unless rank 0 never gets here.
+        time.sleep(FAIL_WAIT_SECONDS)
     sys.exit(code)
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+import docker.errors
 
 from . import REPO_ROOT, UserError
 from .dockerhost import build_cli, client
@@ -34,10 +37,26 @@ def _git_revision() -> str:
         return ""
 
 
+# Docker's predefined proxy arguments: forwarded from the environment of `make image` so a site behind an HTTP proxy
+# builds as it runs its other tools. Docker keeps predefined arguments out of the image's history and configuration
+# unless a Dockerfile declares them (none does; tests/images/base/test_no_secrets.py scans every image).
+PROXY_VARIABLES = tuple(name for base in ("http_proxy", "https_proxy", "ftp_proxy", "no_proxy", "all_proxy")
+                        for name in (base, base.upper()))
+
+
+def proxy_build_args(environ: dict[str, str] | None = None) -> list[str]:
+    """`--build-arg NAME` (the value is read from the environment, so it is not on the command line) for each proxy
+    variable that is set."""
+    environ = os.environ if environ is None else environ
+    return [arg for name in PROXY_VARIABLES if environ.get(name) for arg in ("--build-arg", name)]
+
+
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
                 pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None,
-                image: str | None = None, extra_args: dict[str, str] | None = None) -> str:
-    """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place."""
+                image: str | None = None, extra_args: dict[str, str] | None = None,
+                shown_as: str | None = None) -> str:
+    """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place.
+    `shown_as`: the name to report when `image` is a staging tag (see build_stack)."""
     image = image or config.image(layer)
     dockerfile = dockerfile or REPO_ROOT / "containers" / layer / "Dockerfile"
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
@@ -48,6 +67,7 @@ def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path |
             args += ["--build-arg", f"{key}={value}"]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
+        args += proxy_build_args()
         if ca_bundle:
             args += ["--secret", f"id=ca_bundle,src={ca_bundle}"]
         if pip_index_url:
@@ -55,10 +75,10 @@ def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path |
             secret.write_text(pip_index_url)
             secret.chmod(0o600)
             args += ["--secret", f"id=pip_index_url,src={secret}"]
-        log(f"building {image} from {parent_image}")
+        log(f"building {shown_as or image}")
         status = build_cli().run([*args, str(REPO_ROOT)])
         if status != 0 or not iidfile.is_file():
-            raise UserError(f"building layer '{layer}' failed (build log above); {image} was left as it was")
+            raise UserError(f"building layer '{layer}' failed (build log above); {shown_as or image} was left as it was")
         image_id = iidfile.read_text().strip()
     repository, _, tag = image.partition(":")
     client().images.get(image_id).tag(repository, tag)
@@ -76,19 +96,40 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     started = time.monotonic()
     parent = resolve_root(config, base_source)
     timings = {"root": round(time.monotonic() - started, 1)}
-    built = []
-    for layer in chain:
-        layer_started = time.monotonic()
-        labels = config.labels(layer)
-        if layer == config.layers.leaf:
-            # Only the leaf carries per-commit labels: on the layers below they would change the image id at
-            # every commit and void the cache of everything built on top.
-            labels["org.opencontainers.image.revision"] = _git_revision()
-            labels["org.opencontainers.image.created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
-                timespec="seconds")
-        parent = build_layer(config, layer, parent, bundle, pip_index_url, labels)
-        timings[layer] = round(time.monotonic() - layer_started, 1)
-        built.append(parent)
+    # Each layer is built under a staging tag and the stack's tags move only once every layer has built: a failure
+    # half-way would otherwise leave new lower layers tagged beside upper layers built on the old ones.
+    staging = f"tfhpc-build-{os.getpid()}"
+    staged: list[tuple[str, str]] = []
+    try:
+        for layer in chain:
+            layer_started = time.monotonic()
+            labels = config.labels(layer)
+            if layer == config.layers.leaf:
+                # Only the leaf carries per-commit labels: on the layers below they would change the image id at
+                # every commit and void the cache of everything built on top.
+                labels["org.opencontainers.image.revision"] = _git_revision()
+                labels["org.opencontainers.image.created"] = datetime.datetime.now(
+                    datetime.timezone.utc).isoformat(timespec="seconds")
+            final = config.image(layer)
+            try:
+                parent = build_layer(config, layer, parent, bundle, pip_index_url, labels,
+                                     image=f"{final}-{staging}", shown_as=final)
+            except UserError:
+                raise UserError(f"building layer '{layer}' failed (build log above); no tag of the stack was moved, "
+                                f"{config.image(chain[-1])} and its parents are as they were") from None
+            staged.append((final, parent))
+            timings[layer] = round(time.monotonic() - layer_started, 1)
+        engine = client()
+        for final, staged_name in staged:
+            repository, _, tag = final.partition(":")
+            engine.images.get(staged_name).tag(repository, tag)
+    finally:
+        for _, staged_name in staged:
+            try:
+                client().images.remove(staged_name, noprune=True)
+            except docker.errors.DockerException:
+                pass  # a staging tag left behind is harmless: `make clean-all` removes it with the rest
+    built = [final for final, _ in staged]
     timings["total"] = round(time.monotonic() - started, 1)
     records = [probe_image(config, image) for image in built]
     for image, record in zip(built, records):

@@ -8,7 +8,7 @@ FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_fl
 MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)
-PIP_INDEX_URL ?=## PyPI mirror for builds (passed as a BuildKit secret, never stored in a layer)
+PIP_INDEX_URL ?=## PyPI mirror for builds (a BuildKit secret for `make image`, a %post-only file for `make native-sif`)
 LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
@@ -38,7 +38,7 @@ $(VENV)/.installed: requirements.txt
 image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> app) and write build/images.json
 	$(PYTHON) -m tfhpc build
 
-sif: image ## convert the image (LAYER, default app) into build/sif/*.sif (apptainer on the host or in a helper)
+sif: image ## convert the app image into build/sif/*.sif (apptainer on the host or in a helper)
 	$(PYTHON) -m tfhpc sif
 
 recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the Dockerfiles, via spython)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sif = commands.add_parser("sif", help="convert a built image into a SIF under build/sif/")
     _add_config_options(sif)
-    sif.add_argument("--layer", default=os.environ.get("LAYER") or None, help="image to convert (default: the leaf)")
+    sif.add_argument("--layer", default=os.environ.get("LAYER") or None, help="image to convert: the leaf only (the default)")
     _add_source_options(sif, base_help="root of the apptainer helper image, when the host has no apptainer",
                         ca_help="CA bundle for the helper image's build")
     sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_source_options(native,
                         base_help="root image for the base recipe and the helper: registry, debootstrap or auto",
                         ca_help="CA bundle for apt/pip during the builds")
+    native.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
+                        help="PyPI mirror for the builds (a file during %%post only, removed before the SIF is written)")
 
     bench = commands.add_parser("bench", help="measure the images side by side (build/bench/results.json, "
                                 "results.md, PNG plots)")
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "native-sif":
             from .build import resolve_ca_bundle
             from .recipes import build_native
-            for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle)):
+            for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle),
+                                     args.pip_index_url):
                 print(path)
         elif args.command == "bench":
             from .bench.run import run_bench

@@ -28,6 +28,9 @@ def _load_toml(path: Path) -> dict:
         raise UserError(f"{path} is not valid TOML ({error}): fix the file") from None
 
 
+NCCL_WHEEL = "nvidia-nccl-cu12"
+
+
 def _choose(kind: str, value: str, valid) -> str:
     valid = sorted(valid)
     if value not in valid:
@@ -227,7 +230,10 @@ class Manifest:
         os_release = flavor_spec.get("os") or spec["os"]
         gpu = {}
         if flavor == "gpu":
-            gpu = spec.get("gpu") or {}
+            gpu = dict(spec.get("gpu") or {})
+            # NCCL's version is its wheel's pin (Horovod and TensorFlow load that one library), not written twice.
+            if gpu.get("wheels", {}).get(NCCL_WHEEL):
+                gpu["nccl"] = gpu["wheels"][NCCL_WHEEL]
             missing = [key for key in ("cuda", "cudnn", "nccl", "cuda_architectures", "wheels") if not gpu.get(key)]
             if missing:
                 gpu_stacks = [name for name in self.stacks if self.data["stacks"][name].get("gpu")]

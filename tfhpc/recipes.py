@@ -222,6 +222,11 @@ def render(manifest: Manifest, config: Config, layer: str, root: str = "docker")
         for from_stage, source, target in stage.copies:  # a directory's content, as COPY dir/ /dest/ copies it
             out.append(f"\n%files from {from_stage}\n" + _indent([f"{source.rstrip('/')} {target.rstrip('/')}"]))
         post = ["set -e", *_post(recipe), "rm -rf /run/secrets"]
+        # `{{ NAME }}` is text substitution: a shell expansion with an operator such as ${NAME#gcc-} needs NAME as a
+        # shell variable, so it is assigned from the build argument first.
+        operated = sorted({name for name in re.findall(r"\$\{(\w+)[#%:/]", "\n".join(post))
+                           if name in stage.arguments})
+        post[1:1] = [f'{name}="@@{name}@@"' for name in operated]
         if stage.shell:
             post.insert(0, f"# {stage.shell}: the RUNs below are also valid POSIX sh; /bin/sh runs them here.")
         if final and stage.user != "root":
@@ -293,7 +298,8 @@ def check_committed(manifest: Manifest, config: Config, layer: str) -> Path:
     return path
 
 
-def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> list[Path]:
+def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None,
+                 pip_index_url: str | None = None) -> list[Path]:
     """Build every layer's SIF from the committed native recipes, parent first, into build/native/ (each written under
     a temporary name and renamed). The base recipe's registry header is swapped for the local root image (the
     `base_source` root, saved with docker) so that this also runs where no registry is reachable; the rest of every
@@ -320,6 +326,10 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
             shutil.copy(ca_bundle, workdir / "ca_bundle")
             (workdir / "ca_bundle").chmod(0o644)
             build_args += ["--build-arg", f"CA_BUNDLE={workdir / 'ca_bundle'}"]
+        if pip_index_url:
+            (workdir / "pip_index_url").write_text(pip_index_url)
+            (workdir / "pip_index_url").chmod(0o644)  # read by the helper's user; the directory goes away after
+            build_args += ["--build-arg", f"PIP_INDEX_URL_FILE={workdir / 'pip_index_url'}"]
         for layer, recipe in recipes.items():
             target = REPO_ROOT / sif_name(config, layer)
             parent = manifest.layers.get(layer).parent

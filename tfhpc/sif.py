@@ -159,6 +159,11 @@ def run_apptainer(helper: str | None, workdir: Path, args: list[str], cwd: Path 
 def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: Path | None,
               sign_key: Path | None = None) -> Path:
     import docker.errors
+    if layer != manifest.layers.leaf:
+        # The definition's %runscript, %test and apps are the leaf's commands; the layers below do not have them.
+        raise UserError(f"make sif converts the {manifest.layers.leaf} layer (its commands are the SIF's runscript, "
+                        f"test and apps), not LAYER={layer}: drop LAYER, or build the layers below natively with "
+                        f"`make native-sif`")
     image = config.image(layer)
     try:
         client().images.get(image)

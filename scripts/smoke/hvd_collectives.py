@@ -63,6 +63,19 @@ def bandwidth_sweep(sizes, iterations, size, failures):
     return sweep
 
 
+def argument_problem(args):
+    """The first thing wrong with the arguments, as one sentence naming the fix; None when they are usable."""
+    unknown = [name for name in args.dtypes.split(",") if name not in DTYPES]
+    if unknown:
+        return f"unknown --dtypes {','.join(unknown)}: choose from {','.join(DTYPES)}"
+    lengths = args.sizes.split(",")
+    if not all(length.strip().isdigit() and int(length) > 0 for length in lengths):
+        return f"--sizes {args.sizes}: give positive element counts, comma-separated, e.g. 1,1023,65536"
+    if args.iterations < 1 or args.min_ranks < 1:
+        return "--iterations and --min-ranks must be at least 1"
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--sizes", default="1,1023,65536,1048576", help="tensor lengths (elements), comma-separated")
@@ -76,6 +89,10 @@ def main():
                              "default 1M,16M,64M,256M on the GPU path, none on the CPU path")
     parser.add_argument("--iterations", type=int, default=5, help="timed allreduces per bandwidth size (median)")
     args = parser.parse_args()
+    problem = argument_problem(args)
+    if problem:  # before hvd.init(): bad input costs no job start-up and no per-rank traceback
+        print(f"smoke-collectives: error: {problem}", file=sys.stderr)
+        return 2
 
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     size, rank = hvd.size(), hvd.rank()

@@ -46,17 +46,14 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     chief = rank == 0  # Horovod: rank 0 alone prints and writes.
     threads = common.configure_threads(tf, args.intra_threads, hvd.local_size())
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # Horovod: one GPU per rank, chosen by the rank's index on its node.
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+    common.pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
 
     batch = common.per_replica_batch(args, size)
     (x_train, y_train), (x_test, y_test) = common.load_data(args)
     steps = common.steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
     lr = common.scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
+    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
     start_epoch = int(broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
     if start_epoch >= args.epochs:

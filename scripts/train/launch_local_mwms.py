@@ -11,6 +11,7 @@ For several nodes, set TF_CONFIG on each node yourself (see mwms_keras_fit.py --
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -30,6 +31,9 @@ def main():
         common.fail(f"--workers must be at least 1, got {args.workers}")
     if "TF_CONFIG" in os.environ:
         common.fail("TF_CONFIG is already set: unset it, the launcher writes one per worker")
+    if not shutil.which(args.command[0]):  # checked before any worker starts: none is left waiting for a peer
+        common.fail(f"no such command: {args.command[0]} (give a program on PATH or a path, e.g. "
+                    f"tfhpc-train-mwms-fit or python mwms_keras_fit.py)")
 
     addresses = [f"{args.host}:{port}" for port in common.free_ports(args.workers)]
     cores = len(os.sched_getaffinity(0))
@@ -38,8 +42,12 @@ def main():
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": addresses},
                                                      "task": {"type": "worker", "index": index}}))
         env.setdefault("OMP_NUM_THREADS", str(max(1, cores // args.workers)))
-        process = subprocess.Popen(args.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, bufsize=1)
+        try:
+            process = subprocess.Popen(args.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, bufsize=1)
+        except OSError as error:  # e.g. not executable: stop the workers already started, they would wait forever
+            stop(processes)
+            common.fail(f"cannot start {args.command[0]}: {error.strerror}")
         processes.append(process)
         for stream, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
             pump = threading.Thread(target=forward, args=(stream, sink, f"[worker {index}] "), daemon=True)

@@ -46,7 +46,7 @@ def main():
     steps = common.steps_per_epoch(args, len(x_train), global_batch)
     lr = common.scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints)
+    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
     if start_epoch >= args.epochs:
         common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "

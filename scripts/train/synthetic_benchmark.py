@@ -66,10 +66,7 @@ def main():
         hvd.init()  # Horovod: join the job.
         rank, workers, local = hvd.rank(), hvd.size(), hvd.local_size()
         threads = common.configure_threads(tf, args.intra_threads, local)
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:  # Horovod: one GPU per rank.
-            tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
-            tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+        common.pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
         replicas_here, strategy = 1, None
     else:
         hvd = None

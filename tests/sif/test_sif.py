@@ -22,8 +22,9 @@ def check_collectives(reports, size=2):
         assert report["broadcast"]["values"] == [float(size)] * 5
 
 
-def test_runs_as_non_root_user(user_host):
-    assert user_host.check_output("id -u") == "1000"
+def test_runs_as_the_calling_non_root_user(user_host, in_sif):
+    assert user_host.check_output(f"apptainer exec {in_sif} id -u") == "1000"
+    assert user_host.run(f"apptainer exec {in_sif} touch /opt/venv/intruder").rc != 0, "the image is read-only"
 
 
 def test_python_imports_and_versions(user_host, in_sif):

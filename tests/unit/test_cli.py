@@ -23,6 +23,7 @@ def tfhpc(*args, **env):
      "unknown BASE_SOURCE 'floppy': valid values are auto, debootstrap, registry"),
     (["build", "--ca-bundle", "/nonexistent/ca.pem"], {}, "CA_BUNDLE=/nonexistent/ca.pem: no such file"),
     (["build", "--layer", "jupyter"], {}, "unknown layer 'jupyter': valid values are base, mpi"),
+    (["sif", "--layer", "mpi"], {}, "make sif converts the app layer (its commands are the SIF's runscript"),
     (["build"], {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "CA_BUNDLE": "none"},
      "docker daemon unreachable"),
 ])

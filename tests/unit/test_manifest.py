@@ -65,7 +65,7 @@ def test_unknown_values_list_the_valid_ones(manifest, kwargs, message):
 
 
 def test_upstream_version():
-    assert upstream_version("4.1.4-3+b1") == "4.1.4"
+    assert upstream_version("4.1.6-7+b2") == "4.1.6"
     assert upstream_version("1:2.3-1") == "2.3"
     assert upstream_version("4.0.2") == "4.0.2"
 
@@ -106,18 +106,19 @@ def test_broken_toml_is_one_line(tmp_path):
 def test_gpu_flavour_pins_tensorflows_tested_cuda_build(manifest):
     config = manifest.config("latest", "gpu")
     gpu = manifest.data["stacks"]["latest"]["gpu"]
+    assert "nccl" not in gpu, "NCCL's version is the nvidia-nccl-cu12 pin: written once"
     assert config.os_release == manifest.data["flavors"]["gpu"]["os"]  # the flavour's OS (for its nvcc)
     args = config.build_args()
     assert args["TENSORFLOW_PACKAGE"] == "tensorflow[and-cuda]"
     pins = dict(pin.split("==") for pin in args["TENSORFLOW_EXTRA_PINS"].split())
-    assert pins == gpu["wheels"] and pins["nvidia-nccl-cu12"] == gpu["nccl"]
+    assert pins == gpu["wheels"] and config.gpu["nccl"] == gpu["wheels"]["nvidia-nccl-cu12"]
     assert pins["nvidia-cudnn-cu12"].startswith(gpu["cudnn"])
     assert args["CUDA_ARCHITECTURES"] == gpu["cuda_architectures"] and args["CUDA_HOST_COMPILER"]
     assert args["HOROVOD_PATCHES"].split() == (manifest.data["stacks"]["latest"]["horovod_patches"]
                                                + manifest.data["stacks"]["latest"]["horovod_gpu_patches"])
     labels = config.labels("tensorflow")
     for component in ("cuda", "cudnn", "nccl"):
-        assert labels[f"io.tfhpc.{component}.version"] == gpu[component]
+        assert labels[f"io.tfhpc.{component}.version"] == config.gpu[component]
     assert config.tag == "latest-gpu-openmpi"
 
 

@@ -122,3 +122,23 @@ def test_copy_from_a_stage_becomes_files_from_that_stage(manifest, config):
     assert "Stage: datasets" in text
     assert "%files from datasets\n    /data /opt/tfhpc/data\n" in text
     assert "COPY" not in text.split("%post", 1)[1]
+
+
+def test_build_arguments_used_with_a_shell_operator_are_shell_variables_in_post(manifest):
+    # ${CUDA_HOST_COMPILER#gcc-} in the GPU Horovod builder: `{{ NAME }}` is text substitution, so the shell would
+    # expand an unset variable (g++- instead of g++-13) unless %post assigns it first.
+    config = manifest.config(flavor="gpu")
+    text = render(manifest, config, "horovod")
+    builder_post = section(text, "%post", 0)
+    assert '"g++-${CUDA_HOST_COMPILER#gcc-}"' in builder_post
+    assert builder_post.splitlines()[:2] == ["set -e", 'CUDA_HOST_COMPILER="{{ CUDA_HOST_COMPILER }}"']
+    # and the shell gives the compiler the manifest names
+    compiler = re.search(r"^CUDA_HOST_COMPILER=(\S+)$", section(text, "%arguments", 0), re.M).group(1)
+    script = 'CUDA_HOST_COMPILER="{{ CUDA_HOST_COMPILER }}"; echo "g++-${CUDA_HOST_COMPILER#gcc-}"'
+    shown = subprocess.run(["sh", "-c", script.replace("{{ CUDA_HOST_COMPILER }}", compiler)],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert shown == "g++-" + compiler.removeprefix("gcc-") and shown != "g++-"
+    for layer in manifest.layers.names:  # no other build argument is used with an operator without assignment
+        for post in re.findall(r"^%post\n(.*?)(?=^%|^Bootstrap:|\Z)", render(manifest, config, layer), re.M | re.S):
+            for name in re.findall(r"\$\{(\w+)[#%:/]", post):
+                assert re.search(rf"^\s*{name}=", post, re.M) or name.startswith("TFHPC_"), (layer, name)

@@ -6,7 +6,8 @@ import re
 from tfhpc import REPO_ROOT
 
 CHECKED = ["Makefile", ".ci/run", "containers/**/*", "scripts/**/*",
-           "tfhpc/*.py", "ci/**/*", "recipes/**/*"]
+           "tfhpc/*.py", "ci/**/*", "recipes/**/*", "tests/**/*.py"]
+THIS_FILE = "tests/unit/test_single_source_of_versions.py"  # names a few pins to prove the check finds them
 
 
 def pins(manifest):
@@ -14,13 +15,15 @@ def pins(manifest):
     found = set()
     for table in [data["defaults"], *data["stacks"].values()]:
         found.update(v for k, v in table.items() if isinstance(v, str) and re.fullmatch(r"[\d.]+", v) and k != "os")
-    for stack in data["stacks"].values():  # the GPU flavour's CUDA/cuDNN/NCCL and CUDA wheel pins
+    for stack in data["stacks"].values():  # the GPU flavour's CUDA/cuDNN and CUDA wheel pins (NCCL's among them)
         gpu = stack.get("gpu", {})
-        found.update(str(gpu[k]) for k in ("cuda", "cudnn", "nccl") if k in gpu)
+        found.update(str(gpu[k]) for k in ("cuda", "cudnn") if k in gpu)
         found.update(gpu.get("wheels", {}).values())
     for os_table in data["os"].values():
         found.update(mpi["package_version"] for mpi in os_table["mpi"].values())
         found.update(v for k, v in os_table.items() if k.endswith("package_version"))
+        found.add(os_table["python"])
+    found.update(v for k, v in data.get("sif", {}).items() if k.endswith("version"))
     return found
 
 
@@ -31,7 +34,8 @@ def test_pins_are_written_only_in_the_manifest(manifest):
     for pattern in CHECKED:
         for path in REPO_ROOT.glob(pattern):
             generated = path.is_relative_to(REPO_ROOT / "recipes" / "native")
-            if not path.is_file() or path.suffix == ".patch" or "__pycache__" in path.parts or generated:
+            if (not path.is_file() or path.suffix == ".patch" or "__pycache__" in path.parts or generated
+                    or str(path.relative_to(REPO_ROOT)) == THIS_FILE):
                 continue
             text = path.read_text(errors="replace")
             for version in versions:

@@ -207,6 +207,22 @@ def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer
     assert difference <= RESUME_TOLERANCE
 
 
+@pytest.mark.parametrize("written, resumed, flag", [("--model mlp", "--model cnn", "--model mlp"),
+                                                    ("--optimizer adam", "", "--optimizer adam")])
+def test_resume_from_another_models_checkpoint_is_one_line(host, image_layer, work, written, resumed, flag):
+    directory = f"{work}/mismatch-{written.split()[0].strip('-')}"
+    small = "--train-samples 256 --test-samples 64 --epochs 1 --verbose 0"
+    host.check_output(python("hvd_keras_fit.py", f"{small} {written} --checkpoint-dir {directory}"))
+    before = host.file(f"{directory}/latest.json").content_string
+    result = host.run(python("hvd_keras_fit.py", f"{small} {resumed} --checkpoint-dir {directory} --resume"))
+    # TensorFlow has started by then (its own log lines may precede ours): one line of ours, no traceback
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
+    assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"written with {flag}" in lines[0] and f"resume with {flag}" in lines[0], lines[0]
+    assert host.file(f"{directory}/latest.json").content_string == before
+    assert host.check_output(f"ls {directory}") == "epoch-0001\nlatest.json"
+
+
 # ---------------------------------------------------------------------------------------------------------------- #
 # MWMS from a Slurm step (srun's variables, faked): SlurmClusterResolver with the port base from the job id.
 
@@ -350,6 +366,7 @@ BAD_INPUTS = [
      ['"host:port"']),
     ("mwms_keras_fit.py", "--resume", "", ["--resume needs --checkpoint-dir"]),
     ("mwms_keras_fit.py", "--collective nccl", "", ["needs GPUs", "--collective ring"]),
+    ("launch_local_mwms.py", "-n 2 -- tfhpc-train-mwms-fitt", "", ["no such command: tfhpc-train-mwms-fitt"]),
 ]
 
 

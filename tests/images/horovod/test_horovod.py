@@ -77,3 +77,16 @@ def test_without_a_gpu_auto_says_so_and_gpu_is_a_one_line_error(host, image_laye
     assert ("--nv" if CONFIG.flavor == "gpu" else "gpu flavour") in result.stderr
     out = host.check_output(f"python {script('smoke/hvd_collectives.py')} --min-ranks 1 --sizes 7 --dtypes int32")
     assert ("no GPU visible: running the CPU path" if CONFIG.flavor == "gpu" else "CPU image") in out
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ("--dtypes bfloat16", "unknown --dtypes bfloat16: choose from float16,float32,float64,int32"),
+    ("--sizes 1M", "--sizes 1M: give positive element counts"),
+    ("--iterations 0", "--iterations and --min-ranks must be at least 1"),
+])
+def test_bad_smoke_arguments_are_one_line_before_horovod_starts(host, image_layer, arguments, message):
+    result = host.run(f"python {script('smoke/hvd_collectives.py')} {arguments}")
+    assert result.rc == 2 and result.stdout == ""
+    ours = [line for line in result.stderr.splitlines() if line.startswith("smoke-collectives: error: ")]
+    assert len(ours) == 1 and message in ours[0], result.stderr
+    assert "Traceback" not in result.stderr

@@ -248,20 +248,29 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                 public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
                 shutil.copyfile(workdir / "sign-key.pub", public)
                 published["sif"]["public_key"] = _shown(public)
-            # 2. only now the moving tags, which sites follow
-            for tag in plan.tags[1:]:
-                for local, repository in plan.images.items():
-                    engine.images.get(local).tag(repository, tag)
-                    aliases.append((repository, tag))
-                    reference = f"{repository}:{tag}"
-                    log(f"pushing {local} as {reference}")
-                    published["images"][reference] = {"image": local, "digest": _docker_push(reference),
-                                                      "image_id": engine.images.get(local).id}
-            if len(sif_refs) > 1:
-                run_apptainer_script(manifest, config, "\n".join(
-                    f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(ref)}"
-                    for ref in sif_refs[1:]), workdir)
-                published["sif"]["references"] = sif_refs
+            # 2. only now the moving tags, which sites follow. A registry cannot move several tags at once: if a
+            # push fails here, the error names the tags already moved, and `make push` again moves the rest.
+            moved: list[str] = []
+            try:
+                for tag in plan.tags[1:]:
+                    for local, repository in plan.images.items():
+                        engine.images.get(local).tag(repository, tag)
+                        aliases.append((repository, tag))
+                        reference = f"{repository}:{tag}"
+                        log(f"pushing {local} as {reference}")
+                        published["images"][reference] = {"image": local, "digest": _docker_push(reference),
+                                                          "image_id": engine.images.get(local).id}
+                        moved.append(reference)
+                if len(sif_refs) > 1:
+                    run_apptainer_script(manifest, config, "\n".join(
+                        f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(ref)}"
+                        for ref in sif_refs[1:]), workdir)
+                    published["sif"]["references"] = sif_refs
+            except UserError as error:
+                raise UserError(str(error).replace(
+                    "moving tags were not updated",
+                    f"moving tags already updated: {', '.join(moved) or 'none'}; run `make push` again to move "
+                    f"the rest")) from None
         finally:
             # The registry-named tags were only the push's handles: the local images keep their own names.
             for repository, tag in aliases:

@@ -82,6 +82,30 @@ def test_failed_push_leaves_no_moving_tag_and_no_record(registry, record, monkey
     assert not record.exists() and aliases(docker_client, registry) == []
 
 
+def test_failure_while_moving_tags_names_the_tags_already_moved(registry, record, monkeypatch, docker_client):
+    """Phase 2 (moving tags) fails at the third image: the error lists exactly the moving tags that went up, so a
+    site knows what changed; no record is written."""
+    if len(TAGS) < 2:
+        pytest.fail("versions.toml gives this configuration no moving tag: the test needs one")
+    real_push = publish._docker_push
+    failing = f"{IMAGE_PREFIX}-{MANIFEST.layers.names[2]}:{TAGS[1]}"
+
+    def push_or_fail(reference):
+        if reference.endswith(failing):
+            raise UserError(f"pushing {reference} failed (simulated): moving tags were not updated")
+        return real_push(reference)
+
+    monkeypatch.setattr(publish, "_docker_push", push_or_fail)
+    with pytest.raises(UserError) as failed:
+        publish.push(MANIFEST, CONFIG, registry.address)
+    moved = [f"{registry.address}/{IMAGE_PREFIX}-{layer}:{TAGS[1]}" for layer in MANIFEST.layers.names[:2]]
+    assert f"moving tags already updated: {', '.join(moved)}; run `make push` again" in str(failed.value)
+    for layer in MANIFEST.layers.names[:2]:
+        assert TAGS[1] in registry.tags(f"{IMAGE_PREFIX}-{layer}")
+    assert TAGS[1] not in registry.tags(f"{IMAGE_PREFIX}-{MANIFEST.layers.names[2]}")
+    assert not record.exists() and aliases(docker_client, registry) == []
+
+
 @pytest.fixture(scope="module")
 def published(registry, keys, tmp_path_factory):
     """The full publication, signed with the site's key (the `make push SIGN_KEY=...` path)."""

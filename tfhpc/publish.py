@@ -21,7 +21,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from .dockerhost import client
 from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
 from .provenance import IMAGES_JSON
 from .rootimage import log
-from .sif import HELPER_USER, _sha256, builder_image_name, host_apptainer, sif_path
+from .sif import HELPER_USER, _sha256, builder_image_name, helper_workdir, host_apptainer, sif_path
 
 PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
 SIF_REPOSITORY_SUFFIX = "-sif"
@@ -210,9 +209,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
     published = {"registry": plan.registry, "scheme": plan.scheme, "stack": config.stack, "flavor": config.flavor,
                  "mpi": config.mpi, "tags": plan.tags, "images": {}, "sif": {}}
     PUBLISHED_JSON.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=PUBLISHED_JSON.parent, prefix=".push-") as tmp:
-        workdir = Path(tmp)
-        workdir.chmod(0o777)  # the helper's unprivileged user reads and writes here; the directory goes away after
+    with helper_workdir(PUBLISHED_JSON.parent, ".push-") as workdir:
         sif = workdir / plan.sif.name
         shutil.copyfile(plan.sif, sif)
         sif.chmod(0o666)
@@ -220,9 +217,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
         if sign_key is not None:
             # Signed here rather than at `make sif`, so that a CI hands the key to the publishing job only.
             shutil.copyfile(sign_key, workdir / "sign-key.pem")
-            (workdir / "sign-key.pem").chmod(0o600)
-            if host_apptainer() is None:
-                shutil.chown(workdir / "sign-key.pem", user=1000, group=1000)  # the helper's user only
+            (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches helper_workdir
             script += ["openssl pkey -in sign-key.pem -pubout -out sign-key.pub",
                        f"apptainer sign --key sign-key.pem {shlex.quote(sif.name)}",
                        f"apptainer verify --key sign-key.pub {shlex.quote(sif.name)}"]

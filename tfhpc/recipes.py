@@ -306,21 +306,17 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
     recipe is used as committed."""
     import json
     import shutil
-    import tempfile
     import time
 
     from .dockerhost import client
     from .rootimage import log, resolve_root
-    from .sif import builder_image, host_apptainer, run_apptainer
+    from .sif import builder_image, helper_workdir, host_apptainer, run_apptainer
 
     recipes = {layer: check_committed(manifest, config, layer) for layer in manifest.layers.names}
     helper = None if host_apptainer() else builder_image(manifest, config, base_source, ca_bundle)
     root = resolve_root(config, base_source)
-    NATIVE_SIF_DIR.mkdir(parents=True, exist_ok=True)
     built, timings = [], {}
-    with tempfile.TemporaryDirectory(dir=NATIVE_SIF_DIR, prefix=".build-") as tmp:
-        workdir = Path(tmp)
-        workdir.chmod(0o777)  # the helper's unprivileged user writes here; the directory goes away after
+    with helper_workdir(NATIVE_SIF_DIR, ".build-") as workdir:
         build_args = []
         if ca_bundle is not None:
             shutil.copy(ca_bundle, workdir / "ca_bundle")

@@ -6,6 +6,7 @@ and renamed when complete, so an interrupted conversion neither leaves a truncat
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -132,6 +133,19 @@ def _up_to_date(target: Path, image_id: str, definition_digest: str) -> bool:
             and record.get("definition_sha256") == definition_digest and record.get("sha256") == _sha256(target))
 
 
+@contextlib.contextmanager
+def helper_workdir(parent: Path, prefix: str):
+    """A scratch directory that the helper container's unprivileged user can write (mode 0777), inside a directory
+    of mode 0700: the container reaches it through its bind mount, other users of the host not at all (a signing
+    key and the SIF being signed sit there). Removed afterwards, also on failure."""
+    parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent, prefix=prefix) as private:  # created with mode 0700
+        workdir = Path(private) / "work"
+        workdir.mkdir()
+        workdir.chmod(0o777)
+        yield workdir
+
+
 def run_apptainer(helper: str | None, workdir: Path, args: list[str], cwd: Path | None = None) -> None:
     """Run `apptainer ARGS` on the host, or in the helper container with `workdir` (its temporary directory) and
     `cwd` (read-only; where relative paths resolve) mounted at the same paths."""
@@ -180,11 +194,7 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     helper = None if host_apptainer() else builder_image(manifest, config, base_source, ca_bundle)
     log(f"converting {image} with {host_apptainer() or 'apptainer in ' + helper}")
     started = time.monotonic()
-    SIF_DIR.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=SIF_DIR, prefix=".convert-") as tmp:
-        workdir = Path(tmp)
-        if helper is not None:
-            workdir.chmod(0o777)  # the helper's unprivileged user writes here; the directory goes away after
+    with helper_workdir(SIF_DIR, ".convert-") as workdir:
         archive = workdir / "image.tar"
         with archive.open("wb") as handle:
             for chunk in client().images.get(image).save(chunk_size=8 << 20, named=True):
@@ -198,8 +208,7 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         archive.unlink()
         if sign_key is not None:
             shutil.copy(sign_key, workdir / "sign-key.pem")
-            if helper is not None:
-                shutil.chown(workdir / "sign-key.pem", user=1000, group=1000)  # readable by the helper's user only
+            (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches helper_workdir
             run_apptainer(helper, workdir, ["sign", "--key", str(workdir / "sign-key.pem"), str(partial)])
         shutil.copy(definition, target.with_suffix(".def"))
         os.replace(partial, target)

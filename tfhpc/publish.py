@@ -241,7 +241,8 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
             if sign_key is not None:
                 # The public key to hand to the sites, beside the record.
                 public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
-                shutil.copyfile(workdir / "sign-key.pub", public)
+                shutil.copyfile(workdir / "sign-key.pub", public.with_suffix(".pub.partial"))
+                os.replace(public.with_suffix(".pub.partial"), public)  # whole or not at all
                 published["sif"]["public_key"] = _shown(public)
             # 2. only now the moving tags, which sites follow. A registry cannot move several tags at once: if a
             # push fails here, the error names the tags already moved, and `make push` again moves the rest.

@@ -210,7 +210,7 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
             shutil.copy(sign_key, workdir / "sign-key.pem")
             (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches helper_workdir
             run_apptainer(helper, workdir, ["sign", "--key", str(workdir / "sign-key.pem"), str(partial)])
-        shutil.copy(definition, target.with_suffix(".def"))
+        os.replace(definition, target.with_suffix(".def"))  # same file system: each file appears whole or not at all
         os.replace(partial, target)
     seconds = round(time.monotonic() - started, 1)
     update_images_json(f"sif:{target.name}", {

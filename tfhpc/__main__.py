@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sif = commands.add_parser("sif", help="convert a built image into a SIF under build/sif/")
     _add_config_options(sif)
-    sif.add_argument("--layer", default=os.environ.get("LAYER") or None, help="image to convert: the leaf only (the default)")
+    sif.add_argument("--layer", default=os.environ.get("LAYER") or None,
+                     help="image to convert: the leaf only (the default)")
     _add_source_options(sif, base_help="root of the apptainer helper image, when the host has no apptainer",
                         ca_help="CA bundle for the helper image's build")
     sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,

@@ -15,8 +15,9 @@ from .rootimage import log
 def clean(remove_images: bool = False) -> None:
     engine = client()
     leftovers = remove_leftovers()  # nodes of a test cluster whose run was killed
-    for partial in [*(REPO_ROOT / "build").glob("*/.build-*"), *(REPO_ROOT / "build").glob("*/.convert-*")]:
-        shutil.rmtree(partial, ignore_errors=True)  # temporary directories of interrupted SIF builds
+    build = REPO_ROOT / "build"
+    for partial in [*build.glob("*/.build-*"), *build.glob("*/.convert-*"), *build.glob(".push-*")]:
+        shutil.rmtree(partial, ignore_errors=True)  # temporary directories of interrupted SIF builds and pushes
     in_use = []
     if remove_images:
         for image in engine.images.list():

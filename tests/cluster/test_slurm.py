@@ -27,7 +27,7 @@ def sbatch(cluster, sif, script, arguments="", options="", timeout=900):
 
 
 def test_generic_pmix_job_runs_the_allreduce_smoke_test_on_two_nodes(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "pmix-generic.sbatch",
+    job, state, rc, output = sbatch(slurm_cluster, sif, "command-srun-pmix.sbatch",
                                     "tfhpc-smoke-collectives --sizes 1,1023,65536")
     reports = results(output)
     assert (rc, state) == (0, "COMPLETED"), output
@@ -37,7 +37,7 @@ def test_generic_pmix_job_runs_the_allreduce_smoke_test_on_two_nodes(slurm_clust
 
 
 def test_daint_horovod_job_trains_with_identical_weights(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "horovod-daint.sbatch", "tfhpc-smoke-train --epochs 3")
+    job, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-pmix.sbatch", "tfhpc-smoke-train --epochs 3")
     reports = results(output)
     assert (rc, state) == (0, "COMPLETED"), output
     assert {r["host"] for r in reports} == set(NODES) and [r["size"] for r in reports] == [2, 2]
@@ -47,7 +47,7 @@ def test_daint_horovod_job_trains_with_identical_weights(slurm_cluster, sif):
 
 
 def test_gloo_job_without_mpi_allreduces_on_two_nodes(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "gloo-nompi.sbatch",
+    job, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-gloo.sbatch",
                                     "tfhpc-smoke-collectives --sizes 1,1023,65536")
     reports = results(output)
     assert (rc, state) == (0, "COMPLETED"), output
@@ -67,7 +67,7 @@ def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):
 
 
 def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "mwms-jeanzay.sbatch",
+    job, state, rc, output = sbatch(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
                                     "--epochs 2 --train-samples 2000 --test-samples 400 --verbose 0")
     reports = results(output)
     assert (rc, state) == (0, "COMPLETED"), output
@@ -79,7 +79,7 @@ def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
 
 
 def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "pmix-generic.sbatch", "tfhpc-doctor --json")
+    job, state, rc, output = sbatch(slurm_cluster, sif, "command-srun-pmix.sbatch", "tfhpc-doctor --json")
     reports = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     assert (rc, state) == (0, "COMPLETED"), output
     assert sorted(r["host"] for r in reports) == NODES
@@ -99,8 +99,8 @@ def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cl
         assert "size()==1" in launcher["detail"] or "without PMI" in launcher["detail"], launcher
 
 
-@pytest.mark.parametrize("script", ["horovod-daint.sbatch", "mwms-jeanzay.sbatch", "pmix-generic.sbatch",
-                                    "gloo-nompi.sbatch"])
+@pytest.mark.parametrize("script", ["horovod-srun-pmix.sbatch", "mwms-slurm-resolver.sbatch", "command-srun-pmix.sbatch",
+                                    "horovod-srun-gloo.sbatch"])
 def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
     rc, out = slurm_cluster.run("ctl", f"cd /tmp && bash /jobs/scripts/{script} 2>&1")
     assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out

@@ -12,22 +12,19 @@ Horovod, MPI and TensorFlow are probed in a child process that inherits this ran
 cannot wire up MPI (srun without PMI for the image's MPI) aborts the child, not the report.
 """
 import argparse
-import ctypes
 import ctypes.util
-import fcntl
 import glob
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
-import tempfile
-from importlib import metadata
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "train"))
-import common  # noqa: E402  (shipped next to this script)
+from tfhpc_runtime.cluster import PROXY_VARIABLES, ipv4_address, slurm_port_base, tf_config_problem
+from tfhpc_runtime.files import atomic_write_bytes
+from tfhpc_runtime.gpu import driver_cuda_version, nccl_version
+from tfhpc_runtime.versions import installed_versions
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
 SCHEMA_VERSION = 1
@@ -137,31 +134,6 @@ def check_runtime(report):
                    "horovodrun and Keras write to $HOME: bind a writable home or set HOME=$(mktemp -d)")
 
 
-def driver_cuda_version():
-    """(CUDA version the driver supports as 'major.minor', library path) or (None, None) without libcuda."""
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        version = ctypes.c_int()
-        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
-            return f"{version.value // 1000}.{version.value % 1000 // 10}", name
-        return "unknown", name
-    return None, None
-
-
-def nccl_version(code):
-    """hvd.nccl_built() gives NCCL's version code: major*10000 + minor*100 + patch since NCCL 2.9 (21903 = 2.19.3),
-    major*1000 + minor*100 + patch before."""
-    if not code:
-        return "none"
-    code = int(code)
-    if code >= 20900:
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
-
-
 def check_gpus(report, probe):
     devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
     driver, _ = driver_cuda_version()
@@ -221,15 +193,6 @@ def check_launcher(report, launch, probe, probe_error):
                    "(the size()==1 trap)", fix)
     else:
         report.add("launcher", "world size", OK, f"size {known[0]} everywhere: {detail}")
-
-
-def ipv4_address(name):
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None
 
 
 def check_network(report):
@@ -295,7 +258,7 @@ def check_hosts(report, hosts):
 
 
 def check_proxies(report, tf_config):
-    proxies = {name: os.environ[name] for name in common.PROXY_VARIABLES if os.environ.get(name)}
+    proxies = {name: os.environ[name] for name in PROXY_VARIABLES if os.environ.get(name)}
     if not proxies:
         report.add("proxies", "http proxy", OK, "no HTTP proxy in the environment")
         return
@@ -321,7 +284,7 @@ def check_tf_config(report, launch):
         report.add("tf_config", "TF_CONFIG", INFO, "not set (Horovod does not use it; MWMS then reads the Slurm step "
                    "or runs alone)")
     else:
-        config, problem = common.tf_config_problem(text)
+        config, problem = tf_config_problem(text)
         if problem:
             report.add("tf_config", "TF_CONFIG", FAIL, f"TF_CONFIG {problem[0]}", problem[1])
         else:
@@ -331,7 +294,7 @@ def check_tf_config(report, launch):
                        f"{config['cluster'][task['type']][task['index']]}")
     job = os.environ.get("SLURM_JOB_ID", "")
     if job.isdigit() and text is None and launch["slurm_step"]:
-        base = common.slurm_port_base(int(job))
+        base = slurm_port_base(int(job))
         port = base + int(os.environ.get("SLURM_LOCALID", "0") or 0)
         try:
             with socket.socket() as sock:
@@ -345,12 +308,7 @@ def check_tf_config(report, launch):
 
 
 def check_build(report, probe, probe_error):
-    versions = {}
-    for name in ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
+    versions = installed_versions()
     report.facts["versions"] = versions
     report.add("build", "versions", INFO, ", ".join(f"{k} {v}" for k, v in versions.items()) +
                (f"; {probe['mpi_library']}" if probe.get("mpi_library") else ""))
@@ -447,13 +405,8 @@ def main():
 
 def write_atomically(path, text):
     """Write text to path through a temporary file in the same directory and a rename: never half a report."""
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".doctor-")
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
+        atomic_write_bytes(path, text.encode())
     except OSError as error:
         sys.exit(f"doctor: cannot write {path} ({error.strerror}): give --output a writable path")
 

@@ -5,18 +5,11 @@ import platform
 import shutil
 import subprocess
 import tomllib
-from importlib import metadata
 from pathlib import Path
 
+from tfhpc_runtime.versions import installed_versions
+
 SCRIPTS = Path(__file__).resolve().parent
-COMPONENTS = ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy")
-
-
-def version(distribution):
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def main():
@@ -26,9 +19,8 @@ def main():
     print("tfhpc: TensorFlow + Horovod for HPC clusters")
     print(f"  os        {os_release.get('PRETTY_NAME', '?')}")
     print(f"  python    {platform.python_version()}")
-    for name in COMPONENTS:
-        if version(name):
-            print(f"  {name:<9} {version(name)}")
+    for name, version in installed_versions().items():
+        print(f"  {name:<9} {version}")
     if shutil.which("mpirun"):
         first = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
         print(f"  mpi       {first[0] if first else '?'}")

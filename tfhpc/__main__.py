@@ -10,16 +10,8 @@ import json
 import os
 import sys
 
-from . import UserError
+from .common import UserError, default_ca_bundle, resolve_ca_bundle
 from .manifest import Manifest
-
-
-def _default_ca_bundle() -> str:
-    """CA_BUNDLE, else the bundle this host's pip or TLS clients are told to use (a proxying site sets one)."""
-    for variable in ("CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
-        if os.environ.get(variable):
-            return os.environ[variable]
-    return "none"
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +23,7 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 def _add_source_options(parser: argparse.ArgumentParser, base_help: str, ca_help: str) -> None:
     """--base-source and --ca-bundle, defaulting to BASE_SOURCE and the host's CA bundle, for commands that build."""
     parser.add_argument("--base-source", default=os.environ.get("BASE_SOURCE") or "auto", help=base_help)
-    parser.add_argument("--ca-bundle", default=_default_ca_bundle(), help=ca_help)
+    parser.add_argument("--ca-bundle", default=default_ca_bundle(), help=ca_help)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     clean = commands.add_parser("clean", help="remove dangling images and the build cache")
     clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")
 
+    sqsh = commands.add_parser("sqsh", help="write build/sqsh/*.sqsh: the app image as enroot/pyxis squashfs")
+    _add_config_options(sqsh)
+    _add_source_options(sqsh, base_help="root of the apptainer helper image (its mksquashfs), when the host has none",
+                        ca_help="CA bundle for the helper image's build")
+    sqsh.add_argument("--output", default=None, help="file to write (default: build/sqsh/tfhpc-app_TAG.sqsh)")
+    sqsh.add_argument("--mksquashfs", choices=("auto", "host", "helper"), default="auto",
+                      help="whose mksquashfs: the host's when it has one (auto), or the helper image's")
+    sqsh.add_argument("--force", action="store_true", help="rebuild even when made from the same image")
+    edf = commands.add_parser("edf", help="write build/edf/*.toml: a CSCS Container Engine EDF for the app image")
+    _add_config_options(edf)
+    edf.add_argument("--registry", default=os.environ.get("REGISTRY") or None,
+                     help="image = the versioned tag `make push` writes there (default: the .sqsh of `make sqsh`)")
+    edf.add_argument("--image", default=None, help="image entry as is: REGISTRY#repository:tag or /path/x.sqsh")
+    edf.add_argument("--output", default=None, help="file to write (default: build/edf/tfhpc-app_TAG.toml)")
+
     args = parser.parse_args(argv)
     try:
         manifest = Manifest()
@@ -149,13 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             print(config.image(args.layer or manifest.layers.leaf))
         elif args.command == "sif":
             from pathlib import Path
-            from .build import resolve_ca_bundle
             from .sif import build_sif
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
             print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
         elif args.command == "native-sif":
-            from .build import resolve_ca_bundle
             from .recipes import build_native
             for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle),
                                      args.pip_index_url):
@@ -163,6 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "bench":
             from .bench.run import run_bench
             print(run_bench(config, args.quick))
+        elif args.command == "sqsh":
+            from pathlib import Path
+            from .sqsh import build_sqsh
+            print(build_sqsh(manifest, config, Path(args.output) if args.output else None, args.mksquashfs,
+                             args.base_source, resolve_ca_bundle(args.ca_bundle), args.force))
+        elif args.command == "edf":
+            from pathlib import Path
+            from .edf import write_edf
+            print(write_edf(manifest, config, args.image, args.registry, Path(args.output) if args.output else None))
         elif args.command == "build":
             from .build import build_stack
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

@@ -5,36 +5,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import docker.errors
 
-from . import REPO_ROOT, UserError
+from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle
 from .dockerhost import build_cli, client
 from .manifest import Config, check_base_source
 from .provenance import probe_image, update_images_json
-from .rootimage import log, resolve_root
-
-
-def resolve_ca_bundle(value: str | None) -> Path | None:
-    """CA_BUNDLE: a PEM file handed to apt and pip during the build only; 'none' or empty: no bundle."""
-    if not value or value.lower() == "none":
-        return None
-    path = Path(value).expanduser()
-    if not path.is_file() or path.stat().st_size == 0:
-        raise UserError(f"CA_BUNDLE={value}: no such file or empty: give a PEM bundle's path, or CA_BUNDLE=none")
-    return path.resolve()
-
-
-def _git_revision() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
+from .rootimage import resolve_root
 
 
 # Docker's predefined proxy arguments: forwarded from the environment of `make image` so a site behind an HTTP proxy
@@ -51,21 +32,19 @@ def proxy_build_args(environ: dict[str, str] | None = None) -> list[str]:
     return [arg for name in PROXY_VARIABLES if environ.get(name) for arg in ("--build-arg", name)]
 
 
-def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
-                pip_index_url: str | None, labels: dict[str, str], dockerfile: Path | None = None,
-                image: str | None = None, extra_args: dict[str, str] | None = None,
-                shown_as: str | None = None) -> str:
-    """Build one layer; tag it only if the build succeeds, so a failed build leaves the previous image in place.
+def build_image(config: Config, dockerfile: Path, image: str, parent_image: str, ca_bundle: Path | None,
+                pip_index_url: str | None = None, labels: dict[str, str] | None = None,
+                extra_args: dict[str, str] | None = None, shown_as: str | None = None) -> str:
+    """Build `dockerfile` (context: the checkout) on `parent_image` (its BASE_IMAGE) with the configuration's build
+    arguments and tag it `image` only if the build succeeds, so a failed build leaves the previous image in place.
     `shown_as`: the name to report when `image` is a staging tag (see build_stack)."""
-    image = image or config.image(layer)
-    dockerfile = dockerfile or REPO_ROOT / "containers" / layer / "Dockerfile"
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
                 "--build-arg", f"BASE_IMAGE={parent_image}"]
         for key, value in {**config.build_args(), **(extra_args or {})}.items():
             args += ["--build-arg", f"{key}={value}"]
-        for key, value in labels.items():
+        for key, value in (labels or {}).items():
             args += ["--label", f"{key}={value}"]
         args += proxy_build_args()
         if ca_bundle:
@@ -78,11 +57,25 @@ def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path |
         log(f"building {shown_as or image}")
         status = build_cli().run([*args, str(REPO_ROOT)])
         if status != 0 or not iidfile.is_file():
-            raise UserError(f"building layer '{layer}' failed (build log above); {shown_as or image} was left as it was")
+            raise UserError(f"building {shown_as or image} from {dockerfile} failed (build log above); "
+                            f"{shown_as or image} was left as it was")
         image_id = iidfile.read_text().strip()
     repository, _, tag = image.partition(":")
     client().images.get(image_id).tag(repository, tag)
     return image
+
+
+def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
+                pip_index_url: str | None, labels: dict[str, str], image: str | None = None,
+                shown_as: str | None = None) -> str:
+    """Build the stack's layer `layer` (containers/<layer>/Dockerfile) as `image` (default: its stack name)."""
+    image = image or config.image(layer)
+    try:
+        return build_image(config, REPO_ROOT / "containers" / layer / "Dockerfile", image, parent_image, ca_bundle,
+                           pip_index_url, labels, shown_as=shown_as)
+    except UserError:
+        raise UserError(f"building layer '{layer}' failed (build log above); {shown_as or image} was left as it "
+                        "was") from None
 
 
 def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | None,
@@ -107,7 +100,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
             if layer == config.layers.leaf:
                 # Only the leaf carries per-commit labels: on the layers below they would change the image id at
                 # every commit and void the cache of everything built on top.
-                labels["org.opencontainers.image.revision"] = _git_revision()
+                labels["org.opencontainers.image.revision"] = git_revision()
                 labels["org.opencontainers.image.created"] = datetime.datetime.now(
                     datetime.timezone.utc).isoformat(timespec="seconds")
             final = config.image(layer)

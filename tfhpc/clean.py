@@ -5,16 +5,32 @@ import shutil
 
 import docker.errors
 
-from . import REPO_ROOT, UserError
-from .cluster import remove_leftovers
+from .common import REPO_ROOT, UserError, log
 from .dockerhost import client
 from .manifest import IMAGE_PREFIX
-from .rootimage import log
+
+# The labels the tests put on what they start: every container and network of a test cluster
+# (tests/cluster/harness.py), the publishing tests' registry (tests/publish/conftest.py), the runtime tests'
+# containers (tests/runtimes/runtime_helpers.py).
+TEST_LABELS = ("io.tfhpc.test-cluster", "io.tfhpc.test-registry", "io.tfhpc.test-runtime")
+
+
+def remove_test_containers() -> int:
+    """Remove the containers and networks that a killed test run left behind; returns the containers' count."""
+    engine = client()
+    removed = 0
+    for label in TEST_LABELS:
+        for container in engine.containers.list(all=True, filters={"label": label}):
+            container.remove(force=True)
+            removed += 1
+        for network in engine.networks.list(filters={"label": label}):
+            network.remove()
+    return removed
 
 
 def clean(remove_images: bool = False) -> None:
     engine = client()
-    leftovers = remove_leftovers()  # nodes of a test cluster whose run was killed
+    leftovers = remove_test_containers()  # of a killed test run
     build = REPO_ROOT / "build"
     for partial in [*build.glob("*/.build-*"), *build.glob("*/.convert-*"), *build.glob(".push-*")]:
         shutil.rmtree(partial, ignore_errors=True)  # temporary directories of interrupted SIF builds and pushes
@@ -31,7 +47,7 @@ def clean(remove_images: bool = False) -> None:
                         in_use.append(tag)
     pruned = engine.images.prune(filters={"dangling": True})
     cache = engine.api.prune_builds()
-    log(f"removed {leftovers} leftover test-cluster containers, "
+    log(f"removed {leftovers} leftover test containers, "
         f"{len(pruned.get('ImagesDeleted') or [])} dangling images, "
         f"{(cache.get('SpaceReclaimed') or 0) / 1e9:.2f} GB of build cache")
     if in_use:

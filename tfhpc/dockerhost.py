@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from . import UserError
+from .common import UserError
 
 START_HINT = "start it with 'systemctl start docker' (or 'dockerd &' as root), or install Debian's docker.io"
 

@@ -9,7 +9,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, UserError
+from .common import REPO_ROOT, UserError
 
 MANIFEST_PATH = REPO_ROOT / "versions.toml"
 LAYERS_PATH = REPO_ROOT / "containers" / "layers.toml"

@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import REPO_ROOT
+from .common import REPO_ROOT
 from .dockerhost import client
 from .manifest import Config
 

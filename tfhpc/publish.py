@@ -1,8 +1,8 @@
 """make push: publish the built images and the app SIF of one stack configuration (STACK/FLAVOR/MPI) to a registry.
 
 Tags come from the versions manifest through `Config` (no version is written here):
-- a versioned tag `tf<TF minor>-hvd<Horovod>-<mpi><MPI minor>-<flavour>[-cuda<CUDA minor>]` (`make show` and the
-  README give the current one; a version written here would be a second source, tests/unit/test_single_source_...);
+- a versioned tag `tf<TF minor>-hvd<Horovod>-<mpi><MPI minor>-<flavour>[-cuda<CUDA minor>]` (`make show` and
+  docs/publishing.md give the current one; a version written here would be a second source);
 - moving tags: the configuration's local tag (`latest-cpu-openmpi`), and the bare flavour (`cpu`) for the manifest's
   default stack and MPI.
 Docker images go to REGISTRY/tfhpc-<layer>:<tag> (docker SDK push), the SIF to oras://REGISTRY/tfhpc-<leaf>-sif:<tag>
@@ -18,18 +18,16 @@ import datetime
 import json
 import os
 import re
-import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import REPO_ROOT, UserError
+from .apptainer import Apptainer, scratch_dir
+from .common import REPO_ROOT, UserError, log, sha256_file
 from .dockerhost import client
 from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
 from .provenance import IMAGES_JSON
-from .rootimage import log
-from .sif import HELPER_USER, _sha256, builder_image_name, helper_workdir, host_apptainer, sif_path
+from .sif import sif_path
 
 PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
 SIF_REPOSITORY_SUFFIX = "-sif"
@@ -133,44 +131,15 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
     if record.get("image_id") != engine.images.get(config.image(leaf)).id or record.get("size_bytes") != sif.stat().st_size:
         raise UserError(f"{sif.relative_to(REPO_ROOT)} was not made from the current {config.image(leaf)}: "
                         "run `make sif` first; nothing was pushed")
-    if host_apptainer() is None:
-        try:
-            engine.images.get(builder_image_name(manifest, config))
-        except docker.errors.ImageNotFound:
-            raise UserError(f"no apptainer on this host and no helper image {builder_image_name(manifest, config)}: "
-                            "run `make sif` (it builds the helper); nothing was pushed") from None
+    try:
+        Apptainer.for_config(manifest, config, build=False)
+    except UserError as error:
+        raise UserError(f"{error}; nothing was pushed") from None
     scheme = probe_registry(registry)
     tags = [version_tag(config), *moving_tags(manifest, config)]
     return Plan(registry, scheme, images, sif, f"{registry}/{IMAGE_PREFIX}-{leaf}{SIF_REPOSITORY_SUFFIX}", tags)
 
 
-
-
-def run_apptainer_script(manifest: Manifest, config: Config, script: str, workdir: Path) -> str:
-    """Run a bash script that calls apptainer/openssl with `workdir` as its working directory: on the host when it
-    has apptainer, else in the helper container as its unprivileged user, on the host's network (so that a
-    registry on the host's 127.0.0.1 is reachable). Push, pull, sign and verify mount nothing, so the container
-    needs none of the FUSE/user-namespace permissions that building and running a SIF take."""
-    environment = {key: os.environ[key] for key in ("APPTAINER_DOCKER_USERNAME", "APPTAINER_DOCKER_PASSWORD")
-                   if os.environ.get(key)}
-    if host_apptainer() is not None:
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=workdir, capture_output=True,
-                              text=True, env={**os.environ, **environment})
-        status, output = done.returncode, done.stdout + done.stderr
-    else:
-        container = client().containers.run(
-            builder_image_name(manifest, config), ["bash", "-euo", "pipefail", "-c", script], user=HELPER_USER,
-            working_dir=str(workdir), volumes={str(workdir): {"bind": str(workdir), "mode": "rw"}},
-            environment=environment, network_mode="host", detach=True)
-        try:
-            status = container.wait()["StatusCode"]
-            output = container.logs(stdout=True, stderr=True).decode(errors="replace")
-        finally:
-            container.remove(force=True)
-    if status != 0:
-        raise UserError(f"apptainer failed (exit {status}): {output.strip().splitlines()[-1] if output.strip() else ''}"
-                        "; moving tags were not updated and build/published.json was not written")
-    return output
 
 
 def _shown(path: Path) -> str:
@@ -204,23 +173,21 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                         "(openssl genpkey -algorithm RSA); nothing was pushed")
     plan = make_plan(manifest, config, registry)
     engine = client()
-    no_https = ["--no-https"] if plan.scheme == "http" else []
+    runtime = Apptainer.for_config(manifest, config, build=False)
+    plain_http = plan.scheme == "http"
     aliases: list[tuple[str, str]] = []
     published = {"registry": plan.registry, "scheme": plan.scheme, "stack": config.stack, "flavor": config.flavor,
                  "mpi": config.mpi, "tags": plan.tags, "images": {}, "sif": {}}
     PUBLISHED_JSON.parent.mkdir(parents=True, exist_ok=True)
-    with helper_workdir(PUBLISHED_JSON.parent, ".push-") as workdir:
+    with scratch_dir(PUBLISHED_JSON.parent, ".push-") as workdir:
         sif = workdir / plan.sif.name
         shutil.copyfile(plan.sif, sif)
         sif.chmod(0o666)
-        script = []
+        public_key = None
         if sign_key is not None:
             # Signed here rather than at `make sif`, so that a CI hands the key to the publishing job only.
             shutil.copyfile(sign_key, workdir / "sign-key.pem")
-            (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches helper_workdir
-            script += ["openssl pkey -in sign-key.pem -pubout -out sign-key.pub",
-                       f"apptainer sign --key sign-key.pem {shlex.quote(sif.name)}",
-                       f"apptainer verify --key sign-key.pub {shlex.quote(sif.name)}"]
+            (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches scratch_dir
         try:
             # 1. versioned tags of every image (parents first), then of the SIF
             for local, repository in plan.images.items():
@@ -232,16 +199,22 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                                                   "image_id": engine.images.get(local).id}
             sif_refs = [f"oras://{ref}" for ref in plan.refs(plan.sif_repository)]
             log(f"pushing {plan.sif.name} as {sif_refs[0]}" + (" (signed with SIGN_KEY)" if sign_key else ""))
-            run_apptainer_script(manifest, config, "\n".join(
-                [*script, f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(sif_refs[0])}"]),
-                workdir)
-            published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": _sha256(sif),
+            try:
+                if sign_key is not None:
+                    public_key = runtime.public_key(workdir / "sign-key.pem", workdir)
+                    runtime.sign(sif, workdir / "sign-key.pem", workdir)
+                    runtime.verify(sif, public_key, workdir)
+                runtime.push(sif, sif_refs[0], workdir, plain_http)
+            except UserError as error:
+                raise UserError(f"{error}; moving tags were not updated and build/published.json was not "
+                                "written") from None
+            published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": sha256_file(sif),
                                 "size_bytes": sif.stat().st_size, "signed": sign_key is not None,
                                 "references": [sif_refs[0]]}
             if sign_key is not None:
                 # The public key to hand to the sites, beside the record.
                 public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
-                shutil.copyfile(workdir / "sign-key.pub", public.with_suffix(".pub.partial"))
+                shutil.copyfile(public_key, public.with_suffix(".pub.partial"))
                 os.replace(public.with_suffix(".pub.partial"), public)  # whole or not at all
                 published["sif"]["public_key"] = _shown(public)
             # 2. only now the moving tags, which sites follow. A registry cannot move several tags at once: if a
@@ -257,11 +230,13 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                         published["images"][reference] = {"image": local, "digest": _docker_push(reference),
                                                           "image_id": engine.images.get(local).id}
                         moved.append(reference)
-                if len(sif_refs) > 1:
-                    run_apptainer_script(manifest, config, "\n".join(
-                        f"apptainer push {' '.join(no_https)} {shlex.quote(sif.name)} {shlex.quote(ref)}"
-                        for ref in sif_refs[1:]), workdir)
-                    published["sif"]["references"] = sif_refs
+                for reference in sif_refs[1:]:
+                    try:
+                        runtime.push(sif, reference, workdir, plain_http)
+                    except UserError as error:
+                        raise UserError(f"{error}; moving tags were not updated") from None
+                    moved.append(reference)
+                published["sif"]["references"] = sif_refs
             except UserError as error:
                 raise UserError(str(error).replace(
                     "moving tags were not updated",

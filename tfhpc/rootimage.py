@@ -10,20 +10,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-from . import REPO_ROOT, UserError
+from .common import REPO_ROOT, UserError, log
 from .dockerhost import client
 from .manifest import Config, check_base_source
 
 ROOTFS_WORKDIR = REPO_ROOT / "build" / "rootfs"
-
-
-def log(message: str) -> None:
-    print(f"tfhpc: {message}", file=sys.stderr, flush=True)
 
 
 def _local_image(name: str):

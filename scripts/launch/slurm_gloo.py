@@ -10,17 +10,15 @@ would give it (rank, size, local and cross ranks from Slurm, the rendezvous addr
 reaches it). The exit status is COMMAND's; task 0 keeps the rendezvous server up until its COMMAND ends.
 """
 import argparse
-import fcntl
 import os
 import socket
-import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-import common  # noqa: E402  (shipped next to this script: one-line errors, the job's port block)
+from tfhpc_runtime.cli import Parser, fail
+from tfhpc_runtime.cluster import ipv4_address, slurm_port_base
 
 RENDEZVOUS_OFFSET = 31  # the last port of the job's block (MWMS workers use the first ones)
 
@@ -30,8 +28,8 @@ def slurm_plan():
     missing = [v for v in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
                            "SLURM_NODEID", "SLURM_LOCALID") if v not in os.environ]
     if missing:
-        common.fail(f"not inside an srun step ({', '.join(missing)} unset): start it as "
-                    "`srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo COMMAND`")
+        fail(f"not inside an srun step ({', '.join(missing)} unset): start it as "
+             "`srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo COMMAND`")
     from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (  # Slurm's host-list syntax
         expand_hostlist, expand_tasks_per_node)
     hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
@@ -45,14 +43,9 @@ def interface_towards(address):
         probe.connect((address, 9))
         local = probe.getsockname()[0]
     for path in sorted(Path("/sys/class/net").iterdir()):
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as query:
-                packed = fcntl.ioctl(query.fileno(), 0x8915, struct.pack("256s", path.name[:15].encode()))
-            if socket.inet_ntoa(packed[20:24]) == local:
-                return path.name
-        except OSError:
-            continue
-    common.fail(f"no interface holds {local}, the address that reaches the rendezvous at {address}")
+        if ipv4_address(path.name) == local:
+            return path.name
+    fail(f"no interface holds {local}, the address that reaches the rendezvous at {address}")
 
 
 def wait_for(address, port, timeout):
@@ -63,22 +56,22 @@ def wait_for(address, port, timeout):
                 return
         except OSError:
             time.sleep(0.5)
-    common.fail(f"the Gloo rendezvous at {address}:{port} (task 0) did not answer within {timeout} s: "
-                "check that task 0 started and that the nodes reach each other on that port", everyone=True)
+    fail(f"the Gloo rendezvous at {address}:{port} (task 0) did not answer within {timeout} s: "
+         "check that task 0 started and that the nodes reach each other on that port", everyone=True)
 
 
 def main():
-    parser = common.Parser(description=__doc__)
+    parser = Parser(description=__doc__)
     parser.add_argument("--port", type=int, default=None,
                         help="rendezvous port (default: the last port of the job's block, from SLURM_JOB_ID)")
     parser.add_argument("--timeout", type=int, default=120, help="seconds to wait for the rendezvous (default: 120)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every task runs")
     args = parser.parse_args()
     if not args.command:
-        common.fail("no command given: tfhpc-slurm-gloo COMMAND [ARGS...], e.g. tfhpc-smoke-collectives")
+        fail("no command given: tfhpc-slurm-gloo COMMAND [ARGS...], e.g. tfhpc-smoke-collectives")
     hosts, tasks, rank, host = slurm_plan()
     job = os.environ.get("SLURM_JOB_ID", "0")
-    port = args.port or common.slurm_port_base(int(job) if job.isdigit() else 0) + RENDEZVOUS_OFFSET
+    port = args.port or slurm_port_base(int(job) if job.isdigit() else 0) + RENDEZVOUS_OFFSET
     address = socket.gethostbyname(hosts[0])
 
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -94,7 +87,7 @@ def main():
         try:
             server._httpd = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
         except OSError as error:
-            common.fail(f"cannot listen on port {port} for the Gloo rendezvous ({error.strerror}): pass --port")
+            fail(f"cannot listen on port {port} for the Gloo rendezvous ({error.strerror}): pass --port")
         server._listen_thread = in_thread(target=server._httpd.serve_forever)
         server.init(plan)
     else:
@@ -103,8 +96,8 @@ def main():
     gloo = {**create_run_env_vars(address, [nic], port), **create_slot_env_vars(plan[rank])}
     environment = {**os.environ, **{key: str(value) for key, value in gloo.items()}, "PYTHONUNBUFFERED": "1"}
     if plan[rank].hostname != host:
-        common.fail(f"Slurm placed task {rank} on {host}, the Gloo plan on {plan[rank].hostname}: use the "
-                    "default block distribution (srun -m block)")
+        fail(f"Slurm placed task {rank} on {host}, the Gloo plan on {plan[rank].hostname}: use the "
+             "default block distribution (srun -m block)")
     status = subprocess.call(args.command, env=environment)
     if server is not None:
         server.stop()

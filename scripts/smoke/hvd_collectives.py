@@ -16,8 +16,6 @@ Every rank prints one JSON line (prefix "RESULT ") with the checksums it saw; th
 value differs from the expected one.
 """
 import argparse
-import json
-import os
 import socket
 import statistics
 import sys
@@ -28,8 +26,9 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device import DeviceError, algorithm_bandwidth, bus_bandwidth, choose_device, parse_bytes  # noqa: E402
+from tfhpc_runtime.cli import UsageError, report
+from tfhpc_runtime.gpu import choose_device, select_gpu
+from tfhpc_runtime.metrics import algorithm_bandwidth, bus_bandwidth, parse_bytes
 
 DTYPES = {"float16": tf.float16, "float32": tf.float32, "float64": tf.float64, "int32": tf.int32}
 
@@ -99,13 +98,13 @@ def main():
     gpus = tf.config.list_physical_devices("GPU")
     try:
         device, note = choose_device(args.device, len(gpus), tf.test.is_built_with_cuda())
+        if device == "gpu":
+            select_gpu(tf, hvd.local_rank(), hvd.local_size(), memory_growth=False)  # Horovod: one GPU per rank.
         default_sizes = "1M,16M,64M,256M" if device == "gpu" else ""
         sizes = [parse_bytes(s) for s in (args.bandwidth_sizes or default_sizes).split(",") if s.strip()]
-    except DeviceError as error:
+    except UsageError as error:
         print(f"smoke-collectives: error: {error}", file=sys.stderr)
         return 2
-    if device == "gpu":
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")  # Horovod: one GPU per rank.
     if note and rank == 0:
         print(f"smoke-collectives: {note}", flush=True)
     failures = []
@@ -119,7 +118,7 @@ def main():
         check_collectives(args, size, rank, result, failures)
         result["bandwidth"] = bandwidth_sweep(sizes, args.iterations, size, failures)
     result["failures"] = failures
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result, sort_keys=False)
     return 1 if failures else 0
 
 

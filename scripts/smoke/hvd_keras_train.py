@@ -10,8 +10,6 @@ weights are identical on all ranks.
 On a GPU node each rank trains on its own GPU (--device auto, the default); without one it says so and uses the CPU.
 """
 import argparse
-import json
-import os
 import socket
 import sys
 
@@ -20,8 +18,8 @@ import tensorflow as tf
 
 import horovod.tensorflow.keras as hvd
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from device import DeviceError, choose_device  # noqa: E402
+from tfhpc_runtime.cli import report
+from tfhpc_runtime.gpu import DeviceError, choose_device, select_gpu
 
 
 def synthetic_classification(samples, features, classes, seed):
@@ -48,13 +46,12 @@ def main():
     gpus = tf.config.list_physical_devices("GPU")
     try:
         device, note = choose_device(args.device, len(gpus), tf.test.is_built_with_cuda())
+        if device == "gpu":
+            select_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
     except DeviceError as error:
         print(f"smoke-train: error: {error}", file=sys.stderr)
         return 2
-    if device == "gpu":
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")  # Horovod: one GPU per rank.
-        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
-    else:
+    if device == "cpu":
         tf.config.set_visible_devices([], "GPU")  # the CPU path really runs on the CPU, also on a GPU node
     if note and hvd.rank() == 0:
         print(f"smoke-train: {note}", flush=True)
@@ -99,7 +96,7 @@ def main():
               "accuracy": float(history.history["accuracy"][-1]),
               "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
               "keras_package": type(model).__module__.split(".")[0], "failures": failures}
-    print("RESULT " + json.dumps(result), flush=True)
+    report(result, sort_keys=False)
     return 1 if failures else 0
 
 

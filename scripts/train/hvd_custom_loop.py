@@ -18,19 +18,26 @@ import time
 
 import numpy as np
 
-import common
+from tfhpc_runtime.callbacks import ScalarLog
+from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
+from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, launch_size, log, report
+from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
+from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.metrics import configure_threads
+from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
-    common.add_training_args(parser, lr=0.05)
+    parser = Parser(__doc__.split("\n\n")[0])
+    add_training_args(parser, lr=0.05)
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
                         help="epochs over which the learning rate rises from lr/size to the scaled one (0 = off)")
     parser.add_argument("--different-init-per-rank", action="store_true",
                         help="start every rank from other random weights, to see the broadcast make them agree")
     args = parser.parse_args()
-    common.check_training_args(args)
-    common.per_replica_batch(args, common.launch_size())  # checked again once Horovod knows its size
+    check_training_args(args)
+    per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
 
     import tensorflow as tf
     import horovod.tensorflow as hvd
@@ -38,38 +45,38 @@ def main():
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     rank, size = hvd.rank(), hvd.size()
     chief = rank == 0  # Horovod: rank 0 alone prints and writes.
-    threads = common.configure_threads(tf, args.intra_threads, hvd.local_size())
-    common.pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
+    threads = configure_threads(tf, args.intra_threads, hvd.local_size())
+    pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
 
-    batch = common.per_replica_batch(args, size)
-    (x_train, y_train), (x_test, y_test) = common.load_data(args)
-    steps = common.steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
-    lr = common.scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
+    batch = per_replica_batch(args, size)
+    (x_train, y_train), (x_test, y_test) = load_data(args)
+    steps = steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
+    lr = scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
     warmup_steps = int(args.warmup_epochs * steps) if lr != args.lr else 0
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
+    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
     start_epoch = int(hvd.broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
     if start_epoch >= args.epochs:
-        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-                    f"--epochs above {start_epoch} to train further")
+        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+             f"--epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed + (rank if args.different_init_per_rank else 0))
-    model = common.build_model(tf, args.model)
+    model = build_model(tf, args.model)
     tf.keras.utils.set_random_seed(args.seed)  # the same global seed for the data pipeline on every rank
-    optimizer = common.make_optimizer(tf, args, lr)
+    optimizer = make_optimizer(tf, args, lr)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint (optimizer slots fill in when created).
         checkpoint.read(resume_from)
-        common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+        log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
     hvd.broadcast_variables(model.variables, root_rank=0)  # Horovod: rank 0's weights before the first step.
-    initial_weights = common.flat_weights(model)
+    initial_weights = flat_weights(model)
 
-    train = common.train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
-                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                                 shard=(size, rank),  # Horovod: each rank reads its own part of the data.
-                                 cache_file=f"{args.cache_dir}/train-rank{rank}" if args.cache_dir else None)
+    train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
+                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                          shard=(size, rank),  # Horovod: each rank reads its own part of the data.
+                          cache_file=f"{args.cache_dir}/train-rank{rank}" if args.cache_dir else None)
 
     @tf.function
     def train_step(images, labels):
@@ -82,7 +89,7 @@ def main():
         correct = tf.reduce_mean(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float32))
         return loss, correct
 
-    scalars = common.ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # Horovod: rank 0 logs.
+    scalars = ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # Horovod: rank 0 logs.
     losses, accuracies, learning_rates = [], [], []
     started = time.time()
     iterator = iter(train)
@@ -106,24 +113,24 @@ def main():
         losses.append(float(means[0]))
         accuracies.append(float(means[1]))
         learning_rates.append(float(optimizer.learning_rate.numpy()))
-        common.log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {means[0]:.4f}, accuracy {means[1]:.4f}, "
-                          f"lr {learning_rates[-1]:.4g}")
+        log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {means[0]:.4f}, accuracy {means[1]:.4f}, "
+                   f"lr {learning_rates[-1]:.4g}")
         if chief:  # Horovod: logs and checkpoints from rank 0 only.
             checkpoints.save(checkpoint, epoch + 1)
             if scalars:
                 scalars.write(epoch + 1, {"loss": means[0], "accuracy": means[1], "lr": learning_rates[-1]})
     seconds = time.time() - started
 
-    test_loss, test_accuracy = common.hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
-    flat = common.flat_weights(model)
+    test_loss, test_accuracy = hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
+    flat = flat_weights(model)
     everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()  # Horovod: every rank's weights, to compare.
     max_difference = float(np.max(np.abs(everyone - everyone[0])))
     if chief and args.weights_out:
-        common.save_weights_npz(args.weights_out, model)
-    exported = common.export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
-    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+        save_weights_npz(args.weights_out, model)
+    exported = export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
+    log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
-    common.report({
+    report({
         "rank": rank, "size": size, "script": "hvd_custom_loop", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
         "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported, "losses": losses,
@@ -132,7 +139,7 @@ def main():
         "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
-        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": failures})
+        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": failures})
     return 1 if failures else 0
 
 

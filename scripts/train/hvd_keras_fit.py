@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Data-parallel training with Horovod and tf.keras Model.fit (seeds 001, 002, 004).
+"""Data-parallel training with Horovod and tf.keras Model.fit, as the CSCS Piz Daint course, the IT4Innovations
+course and the Lablup course teach it.
 
 Horovod's steps, each marked "# Horovod:" below: hvd.init(); pin one GPU per rank; scale the learning rate with the
 number of ranks (--lr-scaling); shard the data so each rank reads its own part and divide the steps per epoch by the
@@ -21,22 +22,31 @@ import time
 
 import numpy as np
 
-import common
+from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
+from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
+from tfhpc_runtime.cli import (Parser, add_training_args, check_training_args, fail, launch_size, log, parse_epochs,
+                               report)
+from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
+from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.metrics import configure_threads
+from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
-    common.add_training_args(parser, lr=0.05)
+    parser = Parser(__doc__.split("\n\n")[0])
+    add_training_args(parser, lr=0.05)
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
                         help="epochs over which the learning rate rises from --lr to the scaled one (0 = off)")
     parser.add_argument("--lr-decay-epochs", default="",
-                        help="comma-separated epochs at which the learning rate is divided by 10 (seed 004)")
+                        help="comma-separated epochs at which the learning rate is divided by 10 (the Lablup "
+                             "course's schedule)")
     parser.add_argument("--different-init-per-rank", action="store_true",
                         help="start every rank from other random weights, to see the broadcast make them agree")
     args = parser.parse_args()
-    common.check_training_args(args)
-    common.per_replica_batch(args, common.launch_size())  # checked again once Horovod knows its size
-    decay_epochs = common.parse_epochs(args.lr_decay_epochs)
+    check_training_args(args)
+    per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
+    decay_epochs = parse_epochs(args.lr_decay_epochs)
 
     import tensorflow as tf
     import horovod.tensorflow.keras as hvd
@@ -45,25 +55,25 @@ def main():
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     rank, size = hvd.rank(), hvd.size()
     chief = rank == 0  # Horovod: rank 0 alone prints and writes.
-    threads = common.configure_threads(tf, args.intra_threads, hvd.local_size())
-    common.pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
+    threads = configure_threads(tf, args.intra_threads, hvd.local_size())
+    pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
 
-    batch = common.per_replica_batch(args, size)
-    (x_train, y_train), (x_test, y_test) = common.load_data(args)
-    steps = common.steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
-    lr = common.scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
+    batch = per_replica_batch(args, size)
+    (x_train, y_train), (x_test, y_test) = load_data(args)
+    steps = steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
+    lr = scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
+    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
     start_epoch = int(broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
     if start_epoch >= args.epochs:
-        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-                    f"--epochs above {start_epoch} to train further")
+        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+             f"--epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed + (rank if args.different_init_per_rank else 0))
-    model = common.build_model(tf, args.model)
+    model = build_model(tf, args.model)
     tf.keras.utils.set_random_seed(args.seed)  # the same global seed for the data pipeline on every rank
-    optimizer = common.make_optimizer(tf, args, lr)
+    optimizer = make_optimizer(tf, args, lr)
     optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod: average the gradients of all ranks.
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -71,17 +81,17 @@ def main():
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint; the broadcast below hands it on.
         checkpoint.read(resume_from).assert_existing_objects_matched()
-        common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+        log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
     # Horovod: rank 0's initial state (weights, optimizer slots, step counter) on every rank, before the first
     # step. hvd.callbacks.BroadcastGlobalVariablesCallback(0) does the same after the first batch, which suits
     # identical starts but lets ranks that resumed differently average gradients of different weights once.
     broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
-    initial_weights = common.flat_weights(model)
+    initial_weights = flat_weights(model)
 
-    train = common.train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
-                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                                 shard=(size, rank),  # Horovod: each rank reads its own part of the data.
-                                 cache_file=cache_file(args, rank))
+    train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
+                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                          shard=(size, rank),  # Horovod: each rank reads its own part of the data.
+                          cache_file=cache_file(args, rank))
     callbacks = [
         hvd.callbacks.MetricAverageCallback(),  # Horovod: epoch metrics averaged over the ranks.
     ]
@@ -92,14 +102,14 @@ def main():
         callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
             initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False,
             verbose=0))
-    extra = common.keras_callbacks(tf)
+    extra = keras_callbacks(tf)
     if decay_epochs:
         callbacks.append(extra.StepDecay(lr, decay_epochs, args.warmup_epochs))
     callbacks.append(extra.EpochLog(chief))
     if chief:  # Horovod: logs and checkpoints from rank 0 only, so that ranks do not overwrite each other.
         callbacks.append(extra.SaveEachEpoch(checkpoints, checkpoint))
         if args.log_dir:
-            callbacks.append(common.tensorboard_callback(tf, args.log_dir))
+            callbacks.append(tensorboard_callback(tf, args.log_dir))
 
     started = time.time()
     history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
@@ -107,16 +117,16 @@ def main():
                         verbose=args.verbose if chief else 0)  # Horovod: only rank 0 prints progress.
     seconds = time.time() - started
 
-    test_loss, test_accuracy = common.hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
-    flat = common.flat_weights(model)
+    test_loss, test_accuracy = hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
+    flat = flat_weights(model)
     everyone = hvd.allgather(tf.constant(flat[None, :])).numpy()  # Horovod: every rank's weights, to compare.
     max_difference = float(np.max(np.abs(everyone - everyone[0])))
     if chief and args.weights_out:
-        common.save_weights_npz(args.weights_out, model)
-    exported = common.export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
-    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+        save_weights_npz(args.weights_out, model)
+    exported = export_saved_model(model, args.export_dir, True) if chief and args.export_dir else None
+    log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
-    common.report({
+    report({
         "rank": rank, "size": size, "script": "hvd_keras_fit", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
         "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported,
@@ -126,12 +136,12 @@ def main():
         "test_loss": test_loss, "test_accuracy": test_accuracy, "train_seconds": seconds, "intra_threads": threads,
         "weights_sum": float(flat.sum()), "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
-        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": failures})
+        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": failures})
     return 1 if failures else 0
 
 
 def cache_file(args, rank):
-    # Seed 002: cache on node-local storage, one file per rank.
+    # Cache on node-local storage, as the IT4Innovations course advises: one file per rank.
     return os.path.join(args.cache_dir, f"train-rank{rank}") if args.cache_dir else None
 
 

@@ -17,25 +17,26 @@ import sys
 import threading
 import time
 
-import common
+from tfhpc_runtime.cli import PREFIX, Parser, fail
+from tfhpc_runtime.cluster import free_ports
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
+    parser = Parser(__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--workers", type=int, default=2, help="number of worker processes")
     parser.add_argument("--host", default="localhost", help="address the workers listen on")
     parser.add_argument("--timeout", type=float, default=0, help="stop all workers after this many seconds (0 = never)")
     parser.add_argument("command", nargs="+", help="the worker command (put -- before it if it has options)")
     args = parser.parse_args()
     if args.workers < 1:
-        common.fail(f"--workers must be at least 1, got {args.workers}")
+        fail(f"--workers must be at least 1, got {args.workers}")
     if "TF_CONFIG" in os.environ:
-        common.fail("TF_CONFIG is already set: unset it, the launcher writes one per worker")
+        fail("TF_CONFIG is already set: unset it, the launcher writes one per worker")
     if not shutil.which(args.command[0]):  # checked before any worker starts: none is left waiting for a peer
-        common.fail(f"no such command: {args.command[0]} (give a program on PATH or a path, e.g. "
-                    f"tfhpc-train-mwms-fit or python mwms_keras_fit.py)")
+        fail(f"no such command: {args.command[0]} (give a program on PATH or a path, e.g. "
+             f"tfhpc-train-mwms-fit or python mwms_keras_fit.py)")
 
-    addresses = [f"{args.host}:{port}" for port in common.free_ports(args.workers)]
+    addresses = [f"{args.host}:{port}" for port in free_ports(args.workers)]
     cores = len(os.sched_getaffinity(0))
     processes, pumps = [], []
     for index in range(args.workers):
@@ -47,7 +48,7 @@ def main():
                                        text=True, bufsize=1)
         except OSError as error:  # e.g. not executable: stop the workers already started, they would wait forever
             stop(processes)
-            common.fail(f"cannot start {args.command[0]}: {error.strerror}")
+            fail(f"cannot start {args.command[0]}: {error.strerror}")
         processes.append(process)
         for stream, sink in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):
             pump = threading.Thread(target=forward, args=(stream, sink, f"[worker {index}] "), daemon=True)
@@ -62,7 +63,7 @@ def main():
             if failed or (deadline and time.time() > deadline):
                 status = failed[0].returncode if failed else 124
                 if not failed:
-                    print(f"{common.PREFIX}: error: workers still running after --timeout {args.timeout:g} s: "
+                    print(f"{PREFIX}: error: workers still running after --timeout {args.timeout:g} s: "
                           f"stopped them", file=sys.stderr, flush=True)
                 stop(processes)
                 break

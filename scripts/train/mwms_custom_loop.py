@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Data-parallel training with MultiWorkerMirroredStrategy and a custom training loop (seed 003).
+"""Data-parallel training with MultiWorkerMirroredStrategy and a custom training loop, as the IDRIS Jean Zay guide
+teaches it.
 
 The steps, each marked "# MWMS:" below, besides those of mwms_keras_fit.py (proxies, cluster, strategy first,
 strategy.scope()): a global seed so that every worker shuffles alike; shuffle().batch(global batch,
@@ -16,57 +17,65 @@ Every worker prints one "RESULT {json}" line.
 import sys
 import time
 
-import common
+from tfhpc_runtime.callbacks import ScalarLog
+from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
+from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, report
+from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
+                                train_dataset)
+from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.metrics import configure_threads
+from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
-    common.add_training_args(parser, lr=0.05)
-    common.add_mwms_args(parser)
+    parser = Parser(__doc__.split("\n\n")[0])
+    add_training_args(parser, lr=0.05)
+    add_mwms_args(parser)
     args = parser.parse_args()
-    common.check_training_args(args)
-    plan = common.plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
-    removed_proxies = common.remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
-    common.per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
+    check_training_args(args)
+    plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
+    removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
+    per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
 
     import tensorflow as tf
 
-    threads = common.configure_threads(tf, args.intra_threads, plan["local_workers"])
-    strategy, cluster = common.make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF operation.
+    threads = configure_threads(tf, args.intra_threads, plan["local_workers"])
+    strategy, cluster = make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF operation.
     chief, rank = cluster["is_chief"], cluster["rank"]
     replicas = strategy.num_replicas_in_sync
-    batch = common.per_replica_batch(args, replicas)
+    batch = per_replica_batch(args, replicas)
     global_batch = batch * replicas  # MWMS: one step consumes a global batch, split among the replicas.
-    (x_train, y_train), (x_test, y_test) = common.load_data(args)
-    steps = common.steps_per_epoch(args, len(x_train), global_batch)
-    lr = common.scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
+    (x_train, y_train), (x_test, y_test) = load_data(args)
+    steps = steps_per_epoch(args, len(x_train), global_batch)
+    lr = scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
+    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
     if start_epoch >= args.epochs:
-        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-                    f"--epochs above {start_epoch} to train further")
+        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+             f"--epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed)  # MWMS: global seed, so that all workers shuffle the same way.
     with strategy.scope():  # MWMS: model, optimizer and checkpoint variables mirrored on every replica.
-        model = common.build_model(tf, args.model)
-        optimizer = common.make_optimizer(tf, args, lr)
+        model = build_model(tf, args.model)
+        optimizer = make_optimizer(tf, args, lr)
         optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
-            common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
-    initial_weights = common.flat_weights(model)
+            log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+    initial_weights = flat_weights(model)
     per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
-    shard_options = common.auto_shard_options(tf, args.auto_shard)
+    shard_options = auto_shard_options(tf, args.auto_shard)
     # MWMS: shuffle().batch(global_batch, drop_remainder=True), then split among the replicas.
-    train = common.train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
-                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                                 cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
+    train = train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
+                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                          cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
     train = strategy.experimental_distribute_dataset(train.with_options(shard_options))  # MWMS
     test = strategy.experimental_distribute_dataset(
-        common.test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options))  # MWMS
+        test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options))  # MWMS
 
     @tf.function
     def train_step(iterator):
@@ -95,7 +104,7 @@ def main():
         sums = strategy.run(step_fn, args=(images, labels))
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, s, axis=None) for s in sums]  # MWMS: over workers.
 
-    scalars = common.ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # MWMS: the chief logs.
+    scalars = ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # MWMS: the chief logs.
     losses, accuracies = [], []
     started = time.time()
     iterator = iter(train)
@@ -107,7 +116,7 @@ def main():
             correct_sum += float(correct)
         losses.append(loss_sum / steps)
         accuracies.append(correct_sum / (steps * global_batch))
-        common.log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.4f}")
+        log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.4f}")
         checkpoints.save(checkpoint, epoch + 1, participate=True)  # MWMS: the chief writes, all take part.
         if scalars:
             scalars.write(epoch + 1, {"loss": losses[-1], "accuracy": accuracies[-1]})
@@ -118,12 +127,12 @@ def main():
         totals = [t + float(v) for t, v in zip(totals, eval_step(images, labels))]
     test_loss, test_accuracy = totals[0] / totals[2], totals[1] / totals[2]
 
-    exported = common.export_saved_model(model, args.export_dir, chief) if args.export_dir else None  # MWMS: all
+    exported = export_saved_model(model, args.export_dir, chief) if args.export_dir else None  # MWMS: all
     if chief and args.weights_out:
-        common.save_weights_npz(args.weights_out, model)
-    flat = common.flat_weights(model)
-    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
-    common.report({
+        save_weights_npz(args.weights_out, model)
+    flat = flat_weights(model)
+    log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+    report({
         "rank": rank, "size": cluster["workers"], "script": "mwms_custom_loop", "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "is_chief": chief, "removed_proxy_variables": removed_proxies,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
@@ -132,7 +141,7 @@ def main():
         "test_accuracy": test_accuracy, "test_examples": totals[2], "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "checkpoints_written": checkpoints.written,
-        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": []})
+        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
 
 

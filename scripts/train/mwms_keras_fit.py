@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Data-parallel training with tf.distribute.MultiWorkerMirroredStrategy and tf.keras Model.fit (seeds 003, 004).
+"""Data-parallel training with tf.distribute.MultiWorkerMirroredStrategy and tf.keras Model.fit, as the IDRIS Jean
+Zay guide and the Lablup course teach it.
 
 The steps, each marked "# MWMS:" below: remove HTTP proxies from the environment (gRPC would use them); find the
 workers (TF_CONFIG, or the Slurm step through SlurmClusterResolver with a port base derived from the job id);
@@ -18,67 +19,76 @@ Workers resuming must all see --checkpoint-dir (a shared file system). Every wor
 import sys
 import time
 
-import common
+from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
+from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
+from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, parse_epochs, report
+from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
+                                train_dataset)
+from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.metrics import configure_threads
+from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
-    common.add_training_args(parser, lr=0.05)
-    common.add_mwms_args(parser)
+    parser = Parser(__doc__.split("\n\n")[0])
+    add_training_args(parser, lr=0.05)
+    add_mwms_args(parser)
     parser.add_argument("--lr-decay-epochs", default="",
-                        help="comma-separated epochs at which the learning rate is divided by 10 (seed 004)")
+                        help="comma-separated epochs at which the learning rate is divided by 10 (the Lablup "
+                             "course's schedule)")
     args = parser.parse_args()
-    common.check_training_args(args)
-    decay_epochs = common.parse_epochs(args.lr_decay_epochs)
-    plan = common.plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
-    removed_proxies = common.remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
-    common.per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
+    check_training_args(args)
+    decay_epochs = parse_epochs(args.lr_decay_epochs)
+    plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
+    removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
+    per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
 
     import tensorflow as tf
 
-    threads = common.configure_threads(tf, args.intra_threads, plan["local_workers"])
-    strategy, cluster = common.make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF operation.
+    threads = configure_threads(tf, args.intra_threads, plan["local_workers"])
+    strategy, cluster = make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF operation.
     chief, rank = cluster["is_chief"], cluster["rank"]
     replicas = strategy.num_replicas_in_sync
-    batch = common.per_replica_batch(args, replicas)
+    batch = per_replica_batch(args, replicas)
     global_batch = batch * replicas  # MWMS: the dataset is batched with the global batch, split among replicas.
-    (x_train, y_train), (x_test, y_test) = common.load_data(args)
-    steps = common.steps_per_epoch(args, len(x_train), global_batch)
-    lr = common.scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
+    (x_train, y_train), (x_test, y_test) = load_data(args)
+    steps = steps_per_epoch(args, len(x_train), global_batch)
+    lr = scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
-    checkpoints = common.Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
+    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
     start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
     if start_epoch >= args.epochs:
-        common.fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-                    f"--epochs above {start_epoch} to train further")
+        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
+             f"--epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed)  # MWMS: the same global seed on every worker (shuffling, weights).
     with strategy.scope():  # MWMS: variables created here are mirrored on every replica of every worker.
-        model = common.build_model(tf, args.model)
-        optimizer = common.make_optimizer(tf, args, lr)
+        model = build_model(tf, args.model)
+        optimizer = make_optimizer(tf, args, lr)
         model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
-            common.log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
-    initial_weights = common.flat_weights(model)
+            log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+    initial_weights = flat_weights(model)
 
-    shard_options = common.auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
-    train = common.train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
-                                 start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                                 cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
+    shard_options = auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
+    train = train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
+                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
+                          cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
     train = train.with_options(shard_options)
-    test = common.test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
+    test = test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
 
-    extra = common.keras_callbacks(tf)
+    extra = keras_callbacks(tf)
     callbacks = [extra.EpochLog(chief),
                  extra.SaveEachEpoch(checkpoints, checkpoint, participate=True)]  # MWMS: all workers save.
     if decay_epochs:
         callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
     if chief and args.log_dir:  # MWMS: the chief alone writes logs.
-        callbacks.append(common.tensorboard_callback(tf, args.log_dir))
+        callbacks.append(tensorboard_callback(tf, args.log_dir))
 
     started = time.time()
     history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
@@ -86,12 +96,12 @@ def main():
     seconds = time.time() - started
     test_loss, test_accuracy = model.evaluate(test, verbose=0)  # MWMS: distributed, metrics summed over workers.
 
-    exported = common.export_saved_model(model, args.export_dir, chief) if args.export_dir else None
+    exported = export_saved_model(model, args.export_dir, chief) if args.export_dir else None
     if chief and args.weights_out:
-        common.save_weights_npz(args.weights_out, model)
-    flat = common.flat_weights(model)
-    common.log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
-    common.report({
+        save_weights_npz(args.weights_out, model)
+    flat = flat_weights(model)
+    log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
+    report({
         "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit", "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "port_base": plan.get("port_base"), "is_chief": chief,
         "removed_proxy_variables": removed_proxies, "collective": args.collective,
@@ -104,7 +114,7 @@ def main():
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,
         "checkpoints_written": checkpoints.written,
-        "checkpoint_dir_listing": common.listing(args.checkpoint_dir) if chief else None, "failures": []})
+        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
 
 

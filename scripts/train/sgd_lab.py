@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""The SGD lab of seed 001: a 1-D linear model y = m*x + n fitted by minimising the mean squared error, and the
-trajectories of (m, n) that gradient descent takes for several batch sizes and with 1 or N Horovod workers.
+"""The SGD lab of the CSCS Piz Daint course: a 1-D linear model y = m*x + n fitted by minimising the mean squared
+error, and the trajectories of (m, n) that gradient descent takes for several batch sizes and with 1 or N Horovod
+workers.
 
 Settings, one trajectory each (same start, same learning rate unless stated):
   * 1 worker, one per --batch-sizes entry: full-batch gradient descent down to batch 1 (noisier, more steps);
@@ -16,24 +17,22 @@ Rank 0 writes <out-dir>/sgd_trajectories.{json,csv,png} (the PNG is a plain line
 each setting's colour; background bands are loss levels, the black cross the least-squares solution). Every rank
 prints one "RESULT {json}" line.
 """
-import colorsys
 import csv
 import io
 import json
-import struct
 import sys
-import zlib
 
 import numpy as np
 
-import common
-
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
+from tfhpc_runtime.cli import LR_SCALING, Parser, fail, report
+from tfhpc_runtime.files import atomic_write_bytes
+from tfhpc_runtime.metrics import configure_threads
+from tfhpc_runtime.model import scaled_lr
+from tfhpc_runtime.plot import color, plot
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
+    parser = Parser(__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=256, help="points in the data set")
     parser.add_argument("--true-m", type=float, default=1.5, help="slope of the line the data come from")
     parser.add_argument("--true-n", type=float, default=-0.5, help="intercept of the line the data come from")
@@ -44,7 +43,7 @@ def main():
     parser.add_argument("--steps", type=int, default=150,
                         help="updates per setting (the same for all: small batches make noisier, not more, steps)")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate of one worker")
-    parser.add_argument("--lr-scaling", default="none", choices=common.LR_SCALING,
+    parser.add_argument("--lr-scaling", default="none", choices=LR_SCALING,
                         help="learning rate of the Horovod setting (global batch N x --hvd-batch)")
     parser.add_argument("--seed", type=int, default=1234, help="data, shuffling and the per-rank random starts")
     parser.add_argument("--out-dir", default="sgd-lab", help="where rank 0 writes the JSON, CSV and PNG")
@@ -54,24 +53,24 @@ def main():
     batch_sizes = parse_sizes(args.batch_sizes)
     start = parse_start(args.start)
     if args.samples < 2 or args.steps < 1 or args.lr <= 0:
-        common.fail("--samples must be at least 2, --steps at least 1 and --lr positive")
+        fail("--samples must be at least 2, --steps at least 1 and --lr positive")
     if max(batch_sizes) > args.samples:
-        common.fail(f"--batch-sizes {max(batch_sizes)} exceeds --samples {args.samples}: use batches up to the "
-                    f"number of samples")
+        fail(f"--batch-sizes {max(batch_sizes)} exceeds --samples {args.samples}: use batches up to the "
+             f"number of samples")
     if not (64 <= args.width <= 4000 and 64 <= args.height <= 4000):
-        common.fail("--width and --height must be between 64 and 4000 pixels")
+        fail("--width and --height must be between 64 and 4000 pixels")
     if args.hvd_batch < 1:
-        common.fail(f"--hvd-batch must be at least 1, got {args.hvd_batch}")
+        fail(f"--hvd-batch must be at least 1, got {args.hvd_batch}")
 
     import tensorflow as tf
     import horovod.tensorflow as hvd
 
     hvd.init()  # Horovod: join the job.
     rank, size = hvd.rank(), hvd.size()
-    common.configure_threads(tf, 0, hvd.local_size())
+    configure_threads(tf, 0, hvd.local_size())
     if size * args.hvd_batch > args.samples:
-        common.fail(f"{size} workers x --hvd-batch {args.hvd_batch} exceed --samples {args.samples}: lower "
-                    f"--hvd-batch")
+        fail(f"{size} workers x --hvd-batch {args.hvd_batch} exceed --samples {args.samples}: lower "
+             f"--hvd-batch")
     rng = np.random.default_rng(args.seed)
     x = rng.uniform(0.0, 2.0, args.samples)  # x > 0 correlates m and n: a long, narrow valley
     y = args.true_m * x + args.true_n + rng.normal(scale=args.noise, size=args.samples)
@@ -105,7 +104,7 @@ def main():
             settings.append({"label": f"1 worker, {name}", "workers": 1, "batch": batch, "rank": None,
                              "points": run(start, batch, args.lr)})
 
-    hvd_lr = common.scaled_lr(args.lr, size, args.lr_scaling)
+    hvd_lr = scaled_lr(args.lr, size, args.lr_scaling)
     global_batch = size * args.hvd_batch
     mine = [b[rank * args.hvd_batch:(rank + 1) * args.hvd_batch]  # rank r's slice of every global batch
             for b in batches(args.samples, global_batch, args.steps, args.seed)]
@@ -128,9 +127,9 @@ def main():
             settings.append({"label": f"Horovod, {size} workers x batch {args.hvd_batch}", "workers": size,
                              "batch": args.hvd_batch, "rank": None, "points": horovod})
             for key, what in (("alone", "before Horovod"), ("bcast", "broadcast only")):
-                for report in everyone:
-                    settings.append({"label": f"{what}, rank {report['rank']} of {size}", "workers": size,
-                                     "batch": args.hvd_batch, "rank": report["rank"], "points": report[key]})
+                for peer in everyone:
+                    settings.append({"label": f"{what}, rank {peer['rank']} of {size}", "workers": size,
+                                     "batch": args.hvd_batch, "rank": peer["rank"], "points": peer[key]})
         for index, setting in enumerate(settings):
             setting["color"] = color(index, len(settings))
         image = plot(settings, solution, x, y, args.width, args.height)
@@ -148,7 +147,7 @@ def main():
                 writer.writerow([setting["label"], setting["color"], step, f"{m:.10g}", f"{n:.10g}", f"{loss:.10g}"])
         for name, data in (("sgd_trajectories.json", json.dumps(document, indent=1).encode()),
                            ("sgd_trajectories.csv", rows.getvalue().encode()), ("sgd_trajectories.png", image)):
-            common.atomic_write_bytes(f"{args.out_dir}/{name}", data)  # rank 0 only, atomically
+            atomic_write_bytes(f"{args.out_dir}/{name}", data)  # rank 0 only, atomically
             result["files"].append(f"{args.out_dir}/{name}")
         for setting in settings:
             print(f"{setting['color']}  {setting['label']:<40} final m={setting['points'][-1][0]:+.4f} "
@@ -163,7 +162,7 @@ def main():
                        "horovod_vs_1_worker_global_batch": equivalence})
         if identical != 0.0:
             result["failures"].append(f"Horovod trajectories differ across ranks by {identical}")
-    common.report(result)
+    report(result)
     return 1 if result["failures"] else 0
 
 
@@ -186,7 +185,7 @@ def parse_sizes(text):
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        common.fail(f"--batch-sizes {text!r} must be positive integers separated by commas, e.g. 256,32,8,1")
+        fail(f"--batch-sizes {text!r} must be positive integers separated by commas, e.g. 256,32,8,1")
     return sizes
 
 
@@ -195,106 +194,7 @@ def parse_start(text):
         m, n = (float(v) for v in text.split(","))
         return m, n
     except ValueError:
-        common.fail(f"--start {text!r} must be two numbers m,n, e.g. -1,2")
-
-
-def color(index, count):
-    if count <= len(PALETTE):
-        return PALETTE[index]
-    r, g, b = colorsys.hsv_to_rgb(index / count, 0.85, 0.85)
-    return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
-
-
-def rgb(hex_color):
-    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
-
-
-# ---------------------------------------------------------------------------------------------------------------- #
-# A small plotter: numpy canvas -> PNG (zlib + struct), so that the lab needs no matplotlib.
-
-def plot(settings, solution, x, y, width, height):
-    margin = 40
-    points = np.concatenate([np.array(s["points"])[:, :2] for s in settings] + [solution[None]])
-    low, high = points.min(0), points.max(0)
-    pad = (high - low) * 0.06 + 1e-9
-    low, high = low - pad, high + pad
-
-    def to_pixel(m, n):
-        px = margin + (m - low[0]) / (high[0] - low[0]) * (width - 2 * margin)
-        py = height - margin - (n - low[1]) / (high[1] - low[1]) * (height - 2 * margin)
-        return px, py
-
-    canvas = np.full((height, width, 3), 255, np.uint8)
-    # Loss levels as light grey bands (log-spaced), inside the frame.
-    mm = np.linspace(low[0], high[0], width - 2 * margin)
-    nn = np.linspace(high[1], low[1], height - 2 * margin)
-    grid_m, grid_n = np.meshgrid(mm, nn)
-    sx, sx2, sy, sxy, sy2 = x.mean(), (x * x).mean(), y.mean(), (x * y).mean(), (y * y).mean()
-    loss = grid_m ** 2 * sx2 + grid_n ** 2 + sy2 + 2 * grid_m * grid_n * sx - 2 * grid_m * sxy - 2 * grid_n * sy
-    band = np.floor(np.log(np.maximum(loss, 1e-12)) * 2.0).astype(int) % 2
-    canvas[margin:height - margin, margin:width - margin] = np.where(band[..., None] == 1, 238, 250)
-    # Frame and ticks.
-    canvas[margin, margin:width - margin + 1] = 0
-    canvas[height - margin, margin:width - margin + 1] = 0
-    canvas[margin:height - margin + 1, margin] = 0
-    canvas[margin:height - margin + 1, width - margin] = 0
-    for i in range(11):
-        tx = margin + i * (width - 2 * margin) // 10
-        ty = margin + i * (height - 2 * margin) // 10
-        canvas[height - margin:height - margin + 6, tx] = 0
-        canvas[ty, margin - 6:margin] = 0
-    # Trajectories, then their start (square) and end (disc) markers.
-    for setting in settings:
-        colour = rgb(setting["color"])
-        pixels = [to_pixel(m, n) for m, n, _ in setting["points"]]
-        for (x0, y0), (x1, y1) in zip(pixels, pixels[1:]):
-            line(canvas, x0, y0, x1, y1, colour)
-        (x0, y0), (x1, y1) = pixels[0], pixels[-1]
-        canvas[clip_range(y0 - 4, y0 + 5, height), clip_range(x0 - 4, x0 + 5, width)] = colour
-        disc(canvas, x1, y1, 5, colour)
-    cx, cy = to_pixel(*solution)
-    for d in range(-8, 9):  # the least-squares solution: a black cross
-        for t in (-1, 0, 1):
-            put(canvas, cx + d, cy + t, (0, 0, 0))
-            put(canvas, cx + t, cy + d, (0, 0, 0))
-    return png(canvas)
-
-
-def clip_range(a, b, limit):
-    return slice(int(max(0, min(limit, round(a)))), int(max(0, min(limit, round(b)))))
-
-
-def put(canvas, px, py, colour):
-    ix, iy = int(round(px)), int(round(py))
-    if 0 <= iy < canvas.shape[0] and 0 <= ix < canvas.shape[1]:
-        canvas[iy, ix] = colour
-
-
-def line(canvas, x0, y0, x1, y1, colour):
-    steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    for t in np.linspace(0.0, 1.0, steps + 1):
-        px, py = x0 + (x1 - x0) * t, y0 + (y1 - y0) * t
-        for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):  # 2-pixel brush
-            put(canvas, px + dx, py + dy, colour)
-
-
-def disc(canvas, cx, cy, radius, colour):
-    for dy in range(-radius, radius + 1):
-        for dx in range(-radius, radius + 1):
-            if dx * dx + dy * dy <= radius * radius:
-                put(canvas, cx + dx, cy + dy, colour)
-
-
-def png(canvas):
-    """8-bit RGB PNG: signature, IHDR, one zlib-compressed IDAT (filter 0 on every row), IEND."""
-    height, width, _ = canvas.shape
-    raw = b"".join(b"\x00" + canvas[row].tobytes() for row in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+        fail(f"--start {text!r} must be two numbers m,n, e.g. -1,2")
 
 
 if __name__ == "__main__":

@@ -23,11 +23,14 @@ import time
 
 import numpy as np
 
-import common
+from tfhpc_runtime.cli import Parser, fail, report
+from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.metrics import configure_threads, default_threads, throughput_summary
 
 
 def main():
-    parser = common.Parser(__doc__.split("\n\n")[0])
+    parser = Parser(__doc__.split("\n\n")[0])
     parser.add_argument("--mode", default="horovod", choices=("horovod", "mwms"),
                         help="horovod: start under horovodrun/mpirun/srun; mwms: TF_CONFIG or Slurm")
     parser.add_argument("--model", default="small", help="small, or a tf.keras.applications model name")
@@ -39,39 +42,39 @@ def main():
     parser.add_argument("--iters", type=int, default=5, help="timed iterations")
     parser.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (unscaled; speed only)")
     parser.add_argument("--fp16-allreduce", action="store_true", help="Horovod: compress gradients to float16")
-    parser.add_argument("--intra-threads", type=int, default=common.default_threads(),
+    parser.add_argument("--intra-threads", type=int, default=default_threads(),
                         help="TensorFlow intra-op threads per rank (0 = cores / ranks on the node)")
-    common.add_mwms_args(parser)
+    add_mwms_args(parser)
     args = parser.parse_args()
     for name in ("batch_size", "batches_per_iter", "iters"):
         if getattr(args, name) < 1:
-            common.fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.warmup_batches < 0:
-        common.fail(f"--warmup-batches must be 0 or more, got {args.warmup_batches}")
+        fail(f"--warmup-batches must be 0 or more, got {args.warmup_batches}")
     size_default, classes_default = (32, 10) if args.model == "small" else (224, 1000)
     image_size, classes = args.image_size or size_default, args.classes or classes_default
     if image_size < 32 or classes < 2:
-        common.fail("--image-size must be at least 32 and --classes at least 2")
-    plan = common.plan_cluster(args) if args.mode == "mwms" else None  # MWMS: checked before TensorFlow starts.
-    removed = common.remove_proxies(args.keep_proxy) if args.mode == "mwms" else []  # MWMS: no proxy for gRPC.
+        fail("--image-size must be at least 32 and --classes at least 2")
+    plan = plan_cluster(args) if args.mode == "mwms" else None  # MWMS: checked before TensorFlow starts.
+    removed = remove_proxies(args.keep_proxy) if args.mode == "mwms" else []  # MWMS: no proxy for gRPC.
 
     import tensorflow as tf
 
     if args.model != "small" and not hasattr(tf.keras.applications, args.model):
         names = sorted(n for n in dir(tf.keras.applications) if n[0].isupper())
-        common.fail(f"--model {args.model!r} is neither 'small' nor a tf.keras.applications model "
-                    f"({', '.join(names[:8])}, ...)")
+        fail(f"--model {args.model!r} is neither 'small' nor a tf.keras.applications model "
+             f"({', '.join(names[:8])}, ...)")
     if args.mode == "horovod":
         import horovod.tensorflow as hvd
         hvd.init()  # Horovod: join the job.
         rank, workers, local = hvd.rank(), hvd.size(), hvd.local_size()
-        threads = common.configure_threads(tf, args.intra_threads, local)
-        common.pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
+        threads = configure_threads(tf, args.intra_threads, local)
+        pin_gpu(tf, hvd.local_rank(), hvd.local_size())  # Horovod: one GPU per rank.
         replicas_here, strategy = 1, None
     else:
         hvd = None
-        threads = common.configure_threads(tf, args.intra_threads, plan["local_workers"])
-        strategy, cluster = common.make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF op.
+        threads = configure_threads(tf, args.intra_threads, plan["local_workers"])
+        strategy, cluster = make_strategy(tf, args, plan)  # MWMS: the strategy before any other TF op.
         rank, workers = cluster["rank"], cluster["workers"]
         replicas_here = strategy.num_replicas_in_sync // workers
 
@@ -131,7 +134,7 @@ def main():
         table = hvd.allgather(tf.constant(mine)).numpy()  # Horovod: every rank's rates, in rank order.
     else:
         table = gather_workers(tf, strategy, mine, workers, replicas_here)
-    result = summarise(table)
+    result = throughput_summary(table)
     result.update({"rank": rank, "size": workers, "script": "synthetic_benchmark", "mode": args.mode,
                    "model": args.model, "image_size": image_size, "classes": classes,
                    "batch_per_replica": args.batch_size, "replicas_per_worker": replicas_here,
@@ -148,21 +151,8 @@ def main():
               f"{', '.join(f'{v:.1f}' for v in result['per_worker_mean'])})")
         print(f"Total img/sec on {workers} worker(s): {total['mean']:.1f} +-{total['ci95']:.1f} "
               f"(std {total['std']:.1f})", flush=True)
-    common.report(result)
+    report(result)
     return 1 if result["failures"] else 0
-
-
-def summarise(table):
-    """table: rates [workers, iterations] -> per-worker and total statistics (95 % interval = 1.96 std)."""
-    per_worker = table.ravel()
-    totals = table.sum(axis=0)
-    return {"images_per_second_per_worker": stats(per_worker), "images_per_second_total": stats(totals),
-            "per_worker_mean": table.mean(axis=1).tolist(), "rates": table.tolist()}
-
-
-def stats(values):
-    std = float(np.std(values))
-    return {"mean": float(np.mean(values)), "std": std, "ci95": 1.96 * std, "n": int(values.size)}
 
 
 def gather_workers(tf, strategy, mine, workers, replicas_here):

@@ -1,4 +1,4 @@
-"""Multi-node tests (issue 5): containers as nodes on their own docker network (tfhpc/cluster.py).
+"""Multi-node tests: containers as nodes on their own docker network (tests/cluster/harness.py).
 
 `image_cluster`: 2 nodes of the app image (+ sshd): mpirun/horovodrun across nodes, MWMS with TF_CONFIG.
 `slurm_cluster`: slurmctld + 2 slurmd nodes that run the SIF with apptainer, as a site does; jobs are the shipped
@@ -14,10 +14,11 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tfhpc.build import resolve_ca_bundle  # noqa: E402
-from tfhpc.cluster import Cluster, image_node_image, slurm_node_image  # noqa: E402
+from harness import Cluster, image_node_image, slurm_node_image  # noqa: E402
+from tfhpc.apptainer import build_helper_image  # noqa: E402
+from tfhpc.common import resolve_ca_bundle  # noqa: E402
 from tfhpc.manifest import Manifest  # noqa: E402
-from tfhpc.sif import SIF_DIR, builder_image, sif_path  # noqa: E402
+from tfhpc.sif import SIF_DIR, sif_path  # noqa: E402
 
 MANIFEST = Manifest()
 CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
@@ -71,7 +72,7 @@ def sif():
 
 @pytest.fixture(scope="module")
 def slurm_cluster(sif, tmp_path_factory):
-    helper = builder_image(MANIFEST, CONFIG, os.environ.get("BASE_SOURCE") or "auto", CA_BUNDLE)
+    helper = build_helper_image(MANIFEST, CONFIG, os.environ.get("BASE_SOURCE") or "auto", CA_BUNDLE)
     image = slurm_node_image(MANIFEST, CONFIG, CA_BUNDLE, helper)
     services = {"ctl": ["munged", "slurmctld", "sshd"], **{n: ["munged", "slurmd", "sshd"] for n in NODES}}
     shared = tmp_path_factory.mktemp("slurm-jobs")  # job output, on every node as on a shared file system

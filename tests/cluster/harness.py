@@ -17,11 +17,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import REPO_ROOT, UserError
-from .build import build_layer
-from .dockerhost import client
-from .manifest import Config, Manifest
-from .sif import HELPER_HOST_CONFIG
+from tfhpc.apptainer import HELPER_HOST_CONFIG
+from tfhpc.build import build_image
+from tfhpc.common import REPO_ROOT, UserError
+from tfhpc.dockerhost import client
+from tfhpc.manifest import Config, Manifest
+
+# Every container and network of a test cluster carries this label: `make clean` removes the ones a killed test run
+# left behind by it (tfhpc/clean.py), without importing this harness.
+LABEL = "io.tfhpc.test-cluster"
 
 NODES_DIR = REPO_ROOT / "tests" / "cluster" / "nodes"
 USER = "tfhpc"
@@ -33,8 +37,7 @@ LOG_FILES = ("/var/log/sshd.log", "/var/log/slurm/slurmctld.log", "/var/log/slur
 def image_node_image(config: Config, ca_bundle: Path | None) -> str:
     """The app image plus an ssh server (tests/cluster/nodes/image-node.Dockerfile)."""
     name = f"tfhpc-test-node:{config.tag}"
-    return build_layer(config, "app", config.image("app"), ca_bundle, None, {},
-                       dockerfile=NODES_DIR / "image-node.Dockerfile", image=name)
+    return build_image(config, NODES_DIR / "image-node.Dockerfile", name, config.image("app"), ca_bundle)
 
 
 def slurm_node_image(manifest: Manifest, config: Config, ca_bundle: Path | None, helper: str) -> str:
@@ -45,9 +48,8 @@ def slurm_node_image(manifest: Manifest, config: Config, ca_bundle: Path | None,
                         "tests need: add them (Debian's slurmd version and the PMIx runtime package)")
     version = config.os["slurm_package_version"]
     name = f"tfhpc-test-slurm-node:{version.replace('+', '_')}"
-    return build_layer(config, "base", helper, ca_bundle, None, {}, dockerfile=NODES_DIR / "slurm-node.Dockerfile",
-                       image=name, extra_args={"SLURM_PACKAGE_VERSION": version,
-                                               "PMIX_PACKAGE": config.os["slurm_pmix_package"]})
+    return build_image(config, NODES_DIR / "slurm-node.Dockerfile", name, helper, ca_bundle,
+                       extra_args={"SLURM_PACKAGE_VERSION": version, "PMIX_PACKAGE": config.os["slurm_pmix_package"]})
 
 
 def slurm_conf(controller: str, nodes: list[str], cpus: int) -> str:
@@ -95,7 +97,7 @@ class Cluster:
         name = f"tfhpc-cluster-{secrets.token_hex(4)}"
         workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
         workdir.chmod(0o755)
-        network = client().networks.create(name, driver="bridge")
+        network = client().networks.create(name, driver="bridge", labels={LABEL: name})
         cluster = cls(name, network, {}, workdir)
         try:
             binds = dict(volumes or {})
@@ -115,7 +117,7 @@ class Cluster:
                 command = ["start-node", *(services or {}).get(hostname, ["sshd"])]
                 created = api.create_container(
                     image, command, hostname=hostname, name=f"{name}-{hostname}", user="root",
-                    host_config=host_config, labels={"io.tfhpc.test-cluster": name},
+                    host_config=host_config, labels={LABEL: name},
                     networking_config=api.create_networking_config(
                         {name: api.create_endpoint_config(aliases=[hostname])}))
                 api.start(created["Id"])
@@ -233,15 +235,4 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def remove_leftovers() -> int:
-    """Remove containers and networks of clusters whose harness was killed (label io.tfhpc.test-cluster)."""
-    removed = 0
-    for container in client().containers.list(all=True, filters={"label": "io.tfhpc.test-cluster"}):
-        container.remove(force=True)
-        removed += 1
-    for network in client().networks.list(filters={"name": "tfhpc-cluster-"}):
-        network.remove()
-    return removed
 

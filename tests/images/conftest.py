@@ -55,9 +55,13 @@ def image(image_layer, docker_client):
 
 def start_container(docker_client, image_name, **kwargs):
     layer = docker_client.images.get(image_name).labels.get("io.tfhpc.layer")
-    volumes = {} if layer == MANIFEST.layers.leaf else {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
+    volumes, environment = {}, {}
+    if layer != MANIFEST.layers.leaf:
+        # The mounted scripts import tfhpc_runtime, which the app layer installs: here it is read from the mount.
+        volumes = {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
+        environment = {"PYTHONPATH": f"{SCRIPTS}/runtime"}
     return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True,
-                                        volumes=volumes, **kwargs)
+                                        volumes=volumes, environment=environment, **kwargs)
 
 
 @pytest.fixture(scope="module")

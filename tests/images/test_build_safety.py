@@ -7,7 +7,7 @@ import pytest
 
 from conftest import CONFIG
 from tfhpc import UserError
-from tfhpc.build import build_layer
+from tfhpc.build import build_image
 
 SCRATCH_IMAGE = "tfhpc-test-scratch:build-safety"
 
@@ -29,8 +29,8 @@ def test_failed_build_keeps_the_previous_image(tmp_path, docker_client, base_ima
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo half-way > /tmp/marker && exit 3\n")
     before = docker_client.images.get(CONFIG.image("base")).id
-    with pytest.raises(UserError, match="building layer 'base' failed .* was left as it was"):
-        build_layer(CONFIG, "base", CONFIG.image("base"), None, None, {}, dockerfile=dockerfile)
+    with pytest.raises(UserError, match=f"building {CONFIG.image('base')} from .* failed .* was left as it was"):
+        build_image(CONFIG, dockerfile, CONFIG.image("base"), CONFIG.image("base"), None)
     assert docker_client.images.get(CONFIG.image("base")).id == before
 
 
@@ -51,8 +51,7 @@ def test_ca_bundle_reaches_the_build_but_no_layer(tmp_path, docker_client, base_
         f"&& echo '{sha256(index_file)}  /run/secrets/pip_index_url' | sha256sum -c - "
         "&& build-pip --version > /tmp/pip-version\n")
     try:
-        build_layer(CONFIG, "base", CONFIG.image("base"), bundle, index_marker, {}, dockerfile=dockerfile,
-                    image=SCRATCH_IMAGE)
+        build_image(CONFIG, dockerfile, SCRATCH_IMAGE, CONFIG.image("base"), bundle, index_marker)
         image = docker_client.images.get(SCRATCH_IMAGE)
         saved = b"".join(image.save(chunk_size=8 << 20))
         assert marker.encode() not in saved and marker.lower().encode() not in saved

@@ -1,7 +1,6 @@
-"""Publishing tests: a real registry (Debian's docker-registry, the CNCF distribution server) started on 127.0.0.1 at a
-free port with its storage in a temporary directory, always stopped at the end of the session."""
+"""Publishing tests: a real registry (Debian's docker-registry, the CNCF distribution server, in a container built by
+tests/publish/registry.Dockerfile) on the host's 127.0.0.1 at a free port, removed at the end of the session."""
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import requests
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from tfhpc.build import build_image  # noqa: E402
+from tfhpc.common import default_ca_bundle, resolve_ca_bundle  # noqa: E402
 from tfhpc.manifest import Manifest  # noqa: E402
 
 MANIFEST = Manifest()
@@ -43,7 +44,7 @@ def free_port() -> int:
 @dataclass
 class Registry:
     address: str
-    log: Path
+    container: object  # the docker SDK container running it
 
     def get(self, path, **kwargs):
         return requests.get(f"http://{self.address}/v2/{path}", timeout=30, **kwargs)
@@ -62,12 +63,23 @@ class Registry:
         return answer.headers["Docker-Content-Digest"]
 
 
+def registry_image() -> str:
+    """The registry's image, on the stack's base image (apt-install and the CA bundle secret as the layers use)."""
+    version = CONFIG.os.get("docker_registry_package_version")
+    if not version:
+        pytest.fail(f"versions.toml: [os.{CONFIG.os_release}] has no docker_registry_package_version, which the "
+                    "publishing tests need: add Debian's docker-registry version")
+    return build_image(CONFIG, Path(__file__).with_name("registry.Dockerfile"),
+                       f"tfhpc-test-registry:{version.replace('+', '_')}", CONFIG.image("base"),
+                       resolve_ca_bundle(default_ca_bundle()),
+                       extra_args={"DOCKER_REGISTRY_PACKAGE_VERSION": version})
+
+
 @pytest.fixture(scope="session")
-def registry(tmp_path_factory):
-    binary = shutil.which("docker-registry") or "/usr/bin/docker-registry"
-    if not os.access(binary, os.X_OK):
-        pytest.fail("docker-registry not found: apt-get install docker-registry (.ci/run installs it)")
+def registry(tmp_path_factory, docker_client):
+    image = registry_image()
     root = tmp_path_factory.mktemp("registry")
+    root.chmod(0o755)
     address = f"127.0.0.1:{free_port()}"
     config = root / "config.yml"
     config.write_text(f"""version: 0.1
@@ -75,13 +87,15 @@ log:
   level: warn
 storage:
   filesystem:
-    rootdirectory: {root / "data"}
+    rootdirectory: /tmp/registry
 http:
   addr: {address}
 """)
-    log = root / "registry.log"
-    with log.open("w") as handle:
-        process = subprocess.Popen([binary, "serve", str(config)], stdout=handle, stderr=subprocess.STDOUT)
+    config.chmod(0o644)
+    container = docker_client.containers.run(
+        image, ["/etc/tfhpc-registry/config.yml"], detach=True, network_mode="host",
+        volumes={str(root): {"bind": "/etc/tfhpc-registry", "mode": "ro"}},
+        labels={"io.tfhpc.test-registry": address})
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -90,17 +104,14 @@ http:
                     break
             except requests.RequestException:
                 pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"docker-registry did not start at {address}:\n{log.read_text()[-2000:]}")
+            container.reload()
+            if container.status == "exited" or time.monotonic() > deadline:
+                logs = container.logs().decode(errors="replace")[-2000:]
+                pytest.fail(f"the registry container did not start at {address}:\n{logs}")
             time.sleep(0.2)
-        yield Registry(address, log)
+        yield Registry(address, container)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        container.remove(force=True)
 
 
 @pytest.fixture(scope="session")

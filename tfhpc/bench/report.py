@@ -1,5 +1,5 @@
-"""Write the benchmark's outputs: results.json (everything), results.md (the tables the README shows) and PNG plots.
-Each file is written under a temporary name and renamed, so a reader never sees half of one."""
+"""Write the benchmark's outputs: results.json (everything), results.md (the tables docs/measurements.md quotes) and
+PNG plots. Each file is written under a temporary name and renamed, so a reader never sees half of one."""
 from __future__ import annotations
 
 import json

@@ -18,9 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import REPO_ROOT, UserError
+from ..common import REPO_ROOT, UserError, default_ca_bundle, log, resolve_ca_bundle
 from ..manifest import Config, Manifest
-from ..rootimage import log
 from . import hostvenv
 from .stats import (Figure, Goal, busbw, efficiency, file_calls, human_bytes, one_per_rank, parse_results,
                     parse_strace_summary, ratios, unmeasured)
@@ -251,7 +250,7 @@ TRAIN_IDS = [
     ("train.efficiency.container.hvd", "train", "2-worker efficiency X2 / 2X1, container, Horovod", "ratio"),
     ("train.efficiency.host.hvd", "train", "2-worker efficiency X2 / 2X1, host venv, Horovod", "ratio"),
     ("train.ratio.hvd_mwms", "train", "Horovod / MWMS images/s, 2 workers, container", "ratio"),
-    # Horovod's other controller, side by side: how much of the 2-worker cost is MPI's (see the README).
+    # Horovod's other controller, side by side: how much of the 2-worker cost is MPI's (docs/benchmarks.md).
     ("train.container.hvd2_gloo", "train", "container, Horovod over Gloo, 2 workers: images/s (total)", "img/s"),
     ("train.efficiency.container.hvd_gloo", "train", "2-worker efficiency X2 / 2X1, container, Horovod over Gloo",
      "ratio"),
@@ -265,11 +264,13 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
     args = " ".join([*plan.train_args, "--intra-threads", "1"])
     venv_ready = hostvenv.ready(ctx.config)
     host_reason = "" if venv_ready else (
-        "the host venv build/bench/host-venv is not built (a full `make bench` builds it once, 6-10 min): "
+        "the host venv build/bench/host-venv is not exported (a full `make bench` exports the image's venv): "
         + ("; ".join(hostvenv.host_problems(ctx.config)) or "not built yet"))
     host_env = {"TF_USE_LEGACY_KERAS": ctx.config.build_args()["TF_USE_LEGACY_KERAS"], "TF_CPP_MIN_LOG_LEVEL": "1",
                 "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                "PATH": f"{hostvenv.HOST_VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+                "PATH": f"{hostvenv.HOST_VENV / 'bin'}:{os.environ.get('PATH', '')}",
+                # the scripts' package, which the image's app layer installs (the venv is the horovod layer's)
+                "PYTHONPATH": str(REPO_ROOT / "scripts" / "runtime")}
     script = REPO_ROOT / "scripts" / "train" / "synthetic_benchmark.py"
     runs = {
         "container.hvd1": lambda: app.run(f"mpirun -np 1 tfhpc-benchmark-hvd {args}"),
@@ -435,7 +436,8 @@ def _startup_runs(ctx: Context, starters: dict[str, Starter], results: dict, rea
 
 
 def bench_startup(ctx: Context, app: AppContainer) -> None:
-    from ..sif import SIF_DIR, builder_image_name, sif_path, start_helper
+    from ..apptainer import helper_image_name, start_helper
+    from ..sif import SIF_DIR, sif_path
     plan, out = ctx.plan, ctx.out
     bundle = _strace_bundle(out)
     results: dict[str, dict] = {}
@@ -457,7 +459,7 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
             for mode in ("sif", "sandbox"):
                 reasons.setdefault(mode, f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`")
         elif {"sif", "sandbox"} & set(plan.startup_modes):
-            helper = start_helper(builder_image_name(Manifest(), ctx.config), ["sleep", "infinity"],
+            helper = start_helper(helper_image_name(Manifest(), ctx.config), ["sleep", "infinity"],
                                   {str(SIF_DIR): "/sif:ro", str(bundle): "/strace:ro"})
             helper.exec_run(["chmod", "0666", "/dev/fuse"], user="root")  # as tests/sif/conftest.py does
 
@@ -569,8 +571,6 @@ def cold_and_warm(entries: list[dict]) -> tuple[dict | None, dict | None]:
 def _time_app_build(ctx: Context, context_dir: Path, tag: str) -> float:
     """`docker build` of the leaf layer as `make image` runs it (same build arguments and secrets; see
     tfhpc/build.py's build_layer, which always builds from the repository itself), from `context_dir`."""
-    from ..__main__ import _default_ca_bundle
-    from ..build import resolve_ca_bundle
     from ..dockerhost import build_cli
     leaf = ctx.config.layers.leaf
     parent = ctx.config.image(ctx.config.layers.get(leaf).parent)
@@ -578,7 +578,7 @@ def _time_app_build(ctx: Context, context_dir: Path, tag: str) -> float:
             "--build-arg", f"BASE_IMAGE={parent}", "--tag", tag]
     for key, value in ctx.config.build_args().items():
         args += ["--build-arg", f"{key}={value}"]
-    bundle = resolve_ca_bundle(_default_ca_bundle())
+    bundle = resolve_ca_bundle(default_ca_bundle())
     if bundle:
         args += ["--secret", f"id=ca_bundle,src={bundle}"]
     logfile = ctx.out / "rebuild.log"

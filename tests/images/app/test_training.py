@@ -24,6 +24,7 @@ import zlib
 import pytest
 
 from conftest import run_ranks, script
+from tfhpc import REPO_ROOT
 
 ACCURACY = 0.85
 EQUIVALENCE_TOLERANCE = 1e-4
@@ -341,11 +342,10 @@ def test_synthetic_benchmark_horovod_and_mwms_report_alike(host, image_layer):
 
 def test_keras_npz_data_dir_is_read(host, image_layer, work):
     directory = f"{work}/keras-data"
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import common, numpy as np; "
-            "x, y = common.glyphs(600, 7); np.savez(sys.argv[2], x_train=x[:512], y_train=y[:512], "
+    code = ("import sys, numpy as np; from tfhpc_runtime.data import glyphs; "
+            "x, y = glyphs(600, 7); np.savez(sys.argv[1], x_train=x[:512], y_train=y[:512], "
             "x_test=x[512:], y_test=y[512:])")
-    host.check_output(f"mkdir -p {directory} && python -c {shlex.quote(code)} {script('train')} "
-                      f"{directory}/mnist.npz")
+    host.check_output(f"mkdir -p {directory} && python -c {shlex.quote(code)} {directory}/mnist.npz")
     arguments = f"--dataset mnist --data-dir {directory} --epochs 1 --verbose 0"
     reports = run_ranks(host, f"{HVD} {python('hvd_keras_fit.py', arguments)}", 2)
     assert reports[0]["dataset"] == "mnist" and reports[0]["steps_per_epoch"] == 512 // 64
@@ -397,7 +397,6 @@ def test_global_batch_that_does_not_divide_is_refused_on_every_rank(host, image_
 
 def test_every_training_entrypoint_answers_help(host, image_layer):
     import tomllib
-    from conftest import REPO_ROOT
     entries = tomllib.loads((REPO_ROOT / "scripts" / "entrypoints.toml").read_text())
     trained = {name: spec for name, spec in entries.items() if spec["run"][1].startswith("train/")}
     assert set(trained) >= {"train-hvd-fit", "train-hvd-loop", "train-mwms-fit", "train-mwms-loop", "sgd-lab",

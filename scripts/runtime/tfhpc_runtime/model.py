@@ -1,0 +1,53 @@
+"""The models and optimizers of the training entrypoints, learning-rate scaling, and exact evaluation under Horovod.
+TensorFlow (and Horovod) are passed in as `tf` (and `hvd`)."""
+import math
+
+import numpy as np
+
+from .cli import LR_SCALING, fail
+from .data import IMAGE_SHAPE, NUM_CLASSES, test_dataset
+
+
+def scaled_lr(lr, replicas, scaling):
+    """The learning rate for `replicas` workers whose gradients are averaged: linear, as the CSCS Piz Daint course
+    and the IDRIS Jean Zay guide scale it, or sqrt, which the IT4Innovations course calls the strict rule."""
+    if scaling == "linear":
+        return lr * replicas
+    if scaling == "sqrt":
+        return lr * math.sqrt(replicas)
+    if scaling == "none":
+        return lr
+    fail(f"--lr-scaling {scaling!r} is unknown: choose one of {', '.join(LR_SCALING)}")
+
+
+def build_model(tf, name):
+    layers = tf.keras.layers
+    if name == "mlp":  # the IT4Innovations course's example model
+        body = [layers.Flatten(), layers.Dense(128, activation="relu")]
+    else:  # the Lablup course's CNN
+        body = [layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(), layers.Flatten(),
+                layers.Dense(64, activation="relu")]
+    return tf.keras.Sequential([tf.keras.Input(shape=IMAGE_SHAPE), *body, layers.Dense(NUM_CLASSES)])
+
+
+def make_optimizer(tf, args, lr):
+    if args.optimizer == "adam":
+        return tf.keras.optimizers.Adam(learning_rate=lr)
+    return tf.keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum)
+
+
+def flat_weights(model):
+    return np.concatenate([w.numpy().ravel() for w in model.weights]).astype(np.float64)
+
+
+def hvd_evaluate(tf, hvd, model, x, y, batch):
+    """Exact test loss and accuracy over the whole test set with Horovod: each rank evaluates its own shard and the
+    sums are allreduced (averaging per-rank means would weight unequal shards wrongly)."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    totals = np.zeros(3)
+    for images, labels in test_dataset(tf, x, y, batch, shard=(hvd.size(), hvd.rank())):  # Horovod: own shard.
+        logits = model(images, training=False)
+        correct = tf.reduce_sum(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float64))
+        totals += [float(loss_fn(labels, logits)), float(correct), len(labels)]
+    totals = hvd.allreduce(tf.constant(totals), op=hvd.Sum, name="evaluate").numpy()  # Horovod: global sums.
+    return float(totals[0] / totals[2]), float(totals[1] / totals[2])

@@ -1,0 +1,54 @@
+"""What every tfhpc module uses: the checkout's root, the one-line user error, the log line, the CA bundle for builds,
+file digests and the git revision."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line with the fix, exit status 2."""
+
+
+def log(message: str) -> None:
+    print(f"tfhpc: {message}", file=sys.stderr, flush=True)
+
+
+def default_ca_bundle() -> str:
+    """CA_BUNDLE, else the bundle this host's pip or TLS clients are told to use (a proxying site sets one)."""
+    for variable in ("CA_BUNDLE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if os.environ.get(variable):
+            return os.environ[variable]
+    return "none"
+
+
+def resolve_ca_bundle(value: str | None) -> Path | None:
+    """CA_BUNDLE: a PEM file handed to apt and pip during the build only; 'none' or empty: no bundle."""
+    if not value or value.lower() == "none":
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file() or path.stat().st_size == 0:
+        raise UserError(f"CA_BUNDLE={value}: no such file or empty: give a PEM bundle's path, or CA_BUNDLE=none")
+    return path.resolve()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def git_revision() -> str:
+    """The checkout's commit (12 hex digits), or "" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""

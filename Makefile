@@ -21,7 +21,7 @@ export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGIS
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint
+.PHONY: push pipelines lint sqsh edf
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -80,3 +80,9 @@ clean: venv ## remove dangling images and the docker build cache
 clean-all: venv ## `clean`, and remove every tfhpc image and build/
 	$(PYTHON) -m tfhpc clean --all
 	rm -rf build
+
+sqsh: image ## write build/sqsh/*.sqsh: the app image as enroot/pyxis squashfs (enroot import's layout)
+	$(PYTHON) -m tfhpc sqsh
+
+edf: venv ## write build/edf/*.toml: a CSCS Container Engine EDF (image: REGISTRY's tag, else `make sqsh`'s file)
+	$(PYTHON) -m tfhpc edf

@@ -1,0 +1,104 @@
+"""What the runtime tests share: the configuration, the unprivileged user, the labels, the smoke test's command and the
+check of its values (derived here, independently of scripts/smoke/hvd_collectives.py)."""
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tfhpc.manifest import Manifest  # noqa: E402
+
+MANIFEST = Manifest()
+CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
+                         os.environ.get("MPI") or None)
+LEAF = MANIFEST.layers.leaf
+# Every container (docker, podman) a runtime test starts carries this label, valued "<pid of pytest>:<purpose>", so
+# that the leftovers of a killed run can be found (and are removed by the next run, conftest.py).
+LABEL = "io.tfhpc.test-runtime"
+SESSION = str(os.getpid())
+WORK_ROOT = REPO_ROOT / "build" / "runtimes"  # session-<pid>/ below it: the tests' scratch, removed at the end
+USER_UID = 1000  # the image's user tfhpc; the tests run the runtimes as this uid when they run as root
+
+SIZES = (1, 4096)
+DTYPES = ("float32", "int32")
+SMOKE = ["mpirun", "-np", "2", "tfhpc-smoke-collectives", "--sizes", ",".join(map(str, SIZES)),
+         "--dtypes", ",".join(DTYPES)]
+
+
+def label(purpose):
+    return {LABEL: f"{SESSION}:{purpose}"}
+
+
+def as_user(argv):
+    """argv as run by the unprivileged uid 1000 (setpriv, no supplementary groups) when the tests run as root; as
+    is otherwise (the caller is unprivileged already)."""
+    if os.geteuid() != 0:
+        return list(argv)
+    return ["setpriv", f"--reuid={USER_UID}", f"--regid={USER_UID}", "--clear-groups", *argv]
+
+
+def user_environment():
+    """A minimal environment for the unprivileged user: nothing of the test runner's leaks into the container."""
+    return {"USER": "tfhpc" if os.geteuid() == 0 else os.environ.get("USER", "user"), "HOME": "/tmp",
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+def expected_uid():
+    return USER_UID if os.geteuid() == 0 else os.getuid()
+
+
+def results(output, ranks=2):
+    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
+    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{output[-3000:]}"
+    return reports
+
+
+def check_collectives(output, size=2):
+    """Every rank's values: exact sums and averages, broadcast from the last rank, uneven allgather in rank order."""
+    reports = results(output, size)
+    expected = {}
+    for n in SIZES:
+        pattern_sum = float(sum(i % 7 for i in range(n)))
+        for dtype in DTYPES:
+            expected[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
+            expected[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
+    rows = [r for r in range(size) for _ in range(r + 1)]
+    for report in reports:
+        assert report["size"] == size and report["controller"] == "mpi", report
+        assert report["allreduce"] == expected
+        assert report["broadcast"] == {"root": size - 1, "values": [float(size)] * 5}
+        assert report["allgather"] == {"shape": [len(rows), 3], "first_column": rows}
+        assert report["failures"] == []
+    return reports
+
+
+def run_in(container, command, user="tfhpc", timeout=600):
+    """(exit status, stdout+stderr) of a bash command in the docker container `container`."""
+    result = container.exec_run(["timeout", str(timeout), "bash", "-c", command], user=user)
+    return result.exit_code, result.output.decode(errors="replace")
+
+
+def podman_base(store):
+    """Rootful podman on a private store (never the host's /var/lib/containers), cgroupfs and file events (no
+    systemd needed)."""
+    return ["podman", "--root", str(store / "root"), "--runroot", str(store / "run"), "--storage-driver", "overlay",
+            "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+
+
+def podman_run_args():
+    """`podman run` options: no network (one node), the test label, and the caller's own resource limits: rootful
+    podman asks for more open files (2^20) than this host lets even root have without CAP_SYS_RESOURCE, and at most
+    as many processes as the kernel's pid_max (measured: a higher nproc fails in runc's setrlimit)."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    nproc = [pid_max if limit == resource.RLIM_INFINITY else min(limit, pid_max)
+             for limit in resource.getrlimit(resource.RLIMIT_NPROC)]
+    options = ["--rm", "--network", "none", "--ulimit", f"nofile={nofile[0]}:{nofile[1]}",
+               "--ulimit", f"nproc={nproc[0]}:{nproc[1]}"]
+    for key, value in label("podman").items():
+        options += ["--label", f"{key}={value}"]
+    return options

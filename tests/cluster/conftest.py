@@ -6,23 +6,17 @@ Slurm scripts (scripts/slurm/). Clusters are removed after the module, also when
 output ends with every node's log (the `cluster_report` hook below).
 """
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
-from harness import Cluster, image_node_image, slurm_node_image  # noqa: E402
-from tfhpc.apptainer import build_helper_image  # noqa: E402
-from tfhpc.common import resolve_ca_bundle  # noqa: E402
-from tfhpc.manifest import Manifest  # noqa: E402
-from tfhpc.sif import SIF_DIR, sif_path  # noqa: E402
+from harness import Cluster, image_node_image, slurm_node_image
+from tfhpc.apptainer import build_helper_image
+from tfhpc.common import resolve_ca_bundle
+from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from tfhpc.sif import SIF_DIR, sif_path
 
-MANIFEST = Manifest()
-CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
 CA_BUNDLE = resolve_ca_bundle(os.environ.get("CA_BUNDLE") or os.environ.get("PIP_CERT") or
                               ("/etc/ssl/certs/ca-certificates.crt"
                                if Path("/etc/ssl/certs/ca-certificates.crt").is_file() else None))

@@ -5,21 +5,14 @@ Each test module gets one container per image (started with the docker SDK, alwa
 it. Images below the app layer get the repository's scripts/ mounted read-only where the app layer ships them.
 """
 import json
-import os
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfhpc.manifest import Manifest  # noqa: E402
+from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
 
-MANIFEST = Manifest()
-CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
 SCRIPTS = "/opt/tfhpc/scripts"
 
 

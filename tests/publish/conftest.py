@@ -1,9 +1,7 @@
 """Publishing tests: a real registry (Debian's docker-registry, the CNCF distribution server, in a container built by
 tests/publish/registry.Dockerfile) on the host's 127.0.0.1 at a free port, removed at the end of the session."""
-import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,16 +9,11 @@ from pathlib import Path
 import pytest
 import requests
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfhpc.build import build_image  # noqa: E402
-from tfhpc.common import default_ca_bundle, resolve_ca_bundle  # noqa: E402
-from tfhpc.manifest import Manifest  # noqa: E402
+from tfhpc.build import build_image
+from tfhpc.common import default_ca_bundle, resolve_ca_bundle
+from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
 
-MANIFEST = Manifest()
-CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
 MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
                             "application/vnd.oci.image.manifest.v1+json",
                             "application/vnd.docker.distribution.manifest.list.v2+json",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_helpers import (CONFIG, LABEL, LEAF, MANIFEST, SESSION, WORK_ROOT, label, podman_base, run_in,
-                             user_environment)
+from runtime_helpers import (CONFIG, LABEL, LEAF, MANIFEST, SESSION, WORK_ROOT, label, podman_base, podman_runroot,
+                             run_in, user_environment)
 
 PURE_MODULES = {"test_edf.py", "test_job_scripts.py"}  # no docker, no image: not marked `image`
 
@@ -45,6 +45,7 @@ def _alive(pid):
 def _remove_podman_store(store):
     if (store / "root").exists() and shutil.which("podman"):
         subprocess.run([*podman_base(store), "system", "reset", "--force"], capture_output=True, timeout=300)
+    shutil.rmtree(podman_runroot(store), ignore_errors=True)
 
 
 def _remove_session_dir(path):

@@ -3,18 +3,11 @@ check of its values (derived here, independently of scripts/smoke/hvd_collective
 import json
 import os
 import resource
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfhpc.manifest import Manifest  # noqa: E402
+from stack import CONFIG, LEAF, MANIFEST, REPO_ROOT, expected_collectives  # noqa: F401 (shared by the tests)
 
-MANIFEST = Manifest()
-CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
-LEAF = MANIFEST.layers.leaf
 # Every container (docker, podman) a runtime test starts carries this label, valued "<pid of pytest>:<purpose>", so
 # that the leftovers of a killed run can be found (and are removed by the next run, conftest.py).
 LABEL = "io.tfhpc.test-runtime"
@@ -60,12 +53,7 @@ def results(output, ranks=2):
 def check_collectives(output, size=2):
     """Every rank's values: exact sums and averages, broadcast from the last rank, uneven allgather in rank order."""
     reports = results(output, size)
-    expected = {}
-    for n in SIZES:
-        pattern_sum = float(sum(i % 7 for i in range(n)))
-        for dtype in DTYPES:
-            expected[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
-            expected[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
+    expected = expected_collectives(size, SIZES, DTYPES)
     rows = [r for r in range(size) for _ in range(r + 1)]
     for report in reports:
         assert report["size"] == size and report["controller"] == "mpi", report
@@ -82,11 +70,17 @@ def run_in(container, command, user="tfhpc", timeout=600):
     return result.exit_code, result.output.decode(errors="replace")
 
 
+def podman_runroot(store):
+    """The store's run directory: under /tmp, since podman refuses a runroot path of more than 50 characters and the
+    checkout (where `store` lies, in build/runtimes/session-<pid>/) may be anywhere."""
+    return Path("/tmp") / f"tfhpc-podman-{store.parent.name.removeprefix('session-')}"
+
+
 def podman_base(store):
     """Rootful podman on a private store (never the host's /var/lib/containers), cgroupfs and file events (no
     systemd needed)."""
-    return ["podman", "--root", str(store / "root"), "--runroot", str(store / "run"), "--storage-driver", "overlay",
-            "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+    return ["podman", "--root", str(store / "root"), "--runroot", str(podman_runroot(store)),
+            "--storage-driver", "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
 
 
 def podman_run_args():

@@ -3,23 +3,15 @@
 Where the host has no apptainer, the tests run it in the SIF builder helper container (recipes/builder), started
 with FUSE and user-namespace permissions, the SIF directory mounted, commands run as the unprivileged user tfhpc.
 """
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
-from tfhpc.manifest import Manifest  # noqa: E402
-from tfhpc.apptainer import helper_image_name, start_helper  # noqa: E402
-from tfhpc.sif import SIF_DIR, sif_path  # noqa: E402
+from stack import CONFIG, LEAF, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from tfhpc.apptainer import helper_image_name, start_helper
+from tfhpc.sif import SIF_DIR, sif_path
 
-MANIFEST = Manifest()
-CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
-LEAF = MANIFEST.layers.leaf
 
 
 def pytest_collection_modifyitems(items):

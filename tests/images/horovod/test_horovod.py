@@ -2,6 +2,7 @@
 import pytest
 
 from conftest import CONFIG, run_ranks, script
+from stack import expected_collectives
 
 SIZES = (1, 1023, 65536, 1048576)
 DTYPES = ("float16", "float32", "float64", "int32")
@@ -16,14 +17,7 @@ def test_check_build_shows_tensorflow_mpi_and_gloo(host, image_layer):
 
 
 def expected_checksums(size):
-    """What hvd_collectives.py must report, derived here independently of the script."""
-    checksums = {}
-    for n in SIZES:
-        pattern_sum = float(sum(i % 7 for i in range(n)))
-        for dtype in DTYPES:
-            checksums[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
-            checksums[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
-    return checksums
+    return expected_collectives(size, SIZES, DTYPES)
 
 
 @pytest.mark.parametrize("launcher, controller", [

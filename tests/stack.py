@@ -1,0 +1,29 @@
+"""What every test directory shares: the checkout, the manifest, the configuration `make test` selected (STACK, FLAVOR,
+MPI from the environment) and the values the collectives smoke test must report. tests/ is on sys.path (pytest puts
+the root conftest's directory there), so any test module or conftest can `from stack import CONFIG`."""
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tfhpc.manifest import Manifest  # noqa: E402
+
+MANIFEST = Manifest()
+CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
+                         os.environ.get("MPI") or None)
+LEAF = MANIFEST.layers.leaf
+
+
+def expected_collectives(size, sizes, dtypes):
+    """The allreduce values scripts/smoke/hvd_collectives.py must report on `size` ranks, derived here independently
+    of the script: rank r sends 2 * (r + 1) * (i % 7) at index i, summed or averaged over the ranks."""
+    expected = {}
+    for n in sizes:
+        pattern_sum = float(sum(i % 7 for i in range(n)))
+        for dtype in dtypes:
+            expected[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
+            expected[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
+    return expected

@@ -17,13 +17,13 @@ def main():
         os_release = {key: value.strip('"') for key, value in
                       (line.rstrip().split("=", 1) for line in handle if "=" in line)}
     print("tfhpc: TensorFlow + Horovod for HPC clusters")
-    print(f"  os        {os_release.get('PRETTY_NAME', '?')}")
-    print(f"  python    {platform.python_version()}")
+    print(f"  os             {os_release.get('PRETTY_NAME', '?')}")
+    print(f"  python         {platform.python_version()}")
     for name, version in installed_versions().items():
-        print(f"  {name:<9} {version}")
+        print(f"  {name:<14} {version}")
     if shutil.which("mpirun"):
         first = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
-        print(f"  mpi       {first[0] if first else '?'}")
+        print(f"  mpi            {first[0] if first else '?'}")
     with (SCRIPTS / "entrypoints.toml").open("rb") as handle:
         entrypoints = tomllib.load(handle)
     print("\ncommands (docker run IMAGE NAME, or apptainer run --app NAME image.sif):")

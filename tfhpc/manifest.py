@@ -29,6 +29,9 @@ def _load_toml(path: Path) -> dict:
 
 
 NCCL_WHEEL = "nvidia-nccl-cu12"
+# Components that one layer installs, labelled on that layer and the layers built on it only; the others are labelled
+# on every layer. A version label on the layers below would change their image ids, and rebuild them, on every bump.
+INSTALLED_BY = {"tensorboard": "app", "matplotlib": "app"}
 
 
 def _choose(kind: str, value: str, valid) -> str:
@@ -157,6 +160,8 @@ class Config:
             "TF_USE_LEGACY_KERAS": "1" if v.get("tf_keras") else "0",
             "HOROVOD_VERSION": v["horovod"],
             "HOROVOD_PATCHES": " ".join(self.horovod_patches),
+            "TENSORBOARD_VERSION": v["tensorboard"],
+            "MATPLOTLIB_VERSION": v["matplotlib"],
             "SCIKIT_LEARN_DIGITS_VERSION": self.scikit_learn_digits,
             "FLAVOR": self.flavor,
             # GPU flavour only (empty for CPU): the CUDA library wheels TensorFlow was tested with, and Horovod's
@@ -168,14 +173,16 @@ class Config:
             "CUDA_ARCHITECTURES": self.gpu.get("cuda_architectures", ""),
         }
 
-    def component_versions(self) -> dict[str, str]:
-        """Component -> pinned version, as the labels and the tests expect the image to report them."""
+    def component_versions(self, layer: str = "") -> dict[str, str]:
+        """Component -> pinned version, as the labels and the tests expect the image to report them: of the leaf
+        image, or of `layer` (without what a layer above it installs, INSTALLED_BY)."""
+        chain = self.layers.chain(layer or self.layers.leaf)
         versions = {
             "os": f"{self.os['distro']} {self.os['version_id']} ({self.os_release})",
             "python": self.os["python"],
             "mpi": f"{self.mpi} {upstream_version(self.os['mpi'][self.mpi]['package_version'])}",
         }
-        versions.update(self.versions)
+        versions.update({k: v for k, v in self.versions.items() if k not in INSTALLED_BY or INSTALLED_BY[k] in chain})
         for component in ("cuda", "cudnn", "nccl"):
             if self.gpu.get(component):
                 versions[component] = str(self.gpu[component])
@@ -199,7 +206,7 @@ class Config:
             labels["org.opencontainers.image.created"] = created
         if self.horovod_patches:
             labels[f"{LABEL_PREFIX}.horovod.patches"] = " ".join(self.horovod_patches)
-        for component, version in self.component_versions().items():
+        for component, version in self.component_versions(layer).items():
             labels[f"{LABEL_PREFIX}.{component}.version"] = version
         return labels
 
@@ -246,7 +253,7 @@ class Manifest:
         if os_release not in self.data.get("os", {}):
             raise UserError(f"{self.path}: stack '{stack}' names os '{os_release}', which has no [os.{os_release}] table")
         mpi = _choose("MPI", mpi or self.data["default_mpi"], self.mpis(os_release))
-        for key in ("tensorflow", "horovod", "mpi4py"):
+        for key in ("tensorflow", "horovod", "mpi4py", "tensorboard", "matplotlib"):
             if not spec.get(key):
                 raise UserError(f"{self.path}: stack '{stack}' has no '{key}' version: add it")
         patches = tuple(spec.get("horovod_patches", ())) + (tuple(spec.get("horovod_gpu_patches", ())) if gpu else ())
@@ -254,7 +261,8 @@ class Manifest:
         for patch in patches:
             if not (patch_dir / patch).is_file():
                 raise UserError(f"{self.path}: patch '{patch}' of stack '{stack}' is not in {patch_dir}: add or unlist it")
-        versions = {key: str(spec[key]) for key in ("tensorflow", "tf_keras", "horovod", "mpi4py") if spec.get(key)}
+        versions = {key: str(spec[key]) for key in ("tensorflow", "tf_keras", "horovod", "mpi4py", "tensorboard",
+                                                     "matplotlib") if spec.get(key)}
         return Config(
             stack=stack,
             flavor=flavor,

@@ -54,6 +54,21 @@ def test_labels_have_one_version_label_per_component(manifest):
     assert "io.tfhpc.tf_keras.version" not in manifest.config("conservative").labels("mpi")
 
 
+def test_app_layer_packages_are_pinned_per_stack_and_labelled_from_the_app_layer_on(manifest):
+    data = manifest.data
+    for stack in manifest.stacks:
+        config = manifest.config(stack)
+        args = config.build_args()
+        assert args["TENSORBOARD_VERSION"] == data["stacks"][stack]["tensorboard"]
+        assert args["MATPLOTLIB_VERSION"] == data["defaults"]["matplotlib"]
+        for package in ("tensorboard", "matplotlib"):
+            assert config.labels("app")[f"io.tfhpc.{package}.version"] == config.versions[package]
+            assert f"io.tfhpc.{package}.version" not in config.labels("horovod"), "installed by the app layer"
+            assert package in config.component_versions()
+        # tensorboard at TensorFlow's minor version (TF 2.21 -> 2.21.x, TF 2.15 -> 2.15.x)
+        assert config.versions["tensorboard"].split(".")[:2] == config.versions["tensorflow"].split(".")[:2]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"stack": "newest"}, "unknown STACK 'newest': valid values are conservative, latest"),
     ({"flavor": "tpu"}, "unknown FLAVOR 'tpu': valid values are"),

@@ -2,7 +2,7 @@
 metadata: no framework is imported)."""
 from importlib import metadata
 
-COMPONENTS = ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy")
+COMPONENTS = ("tensorflow", "tensorflow-cpu", "tf-keras", "horovod", "mpi4py", "numpy", "tensorboard", "matplotlib")
 
 
 def installed_versions(names=COMPONENTS):

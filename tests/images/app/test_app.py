@@ -39,6 +39,11 @@ def test_shipped_command_dispatch(docker_client, image, image_layer):
     assert status == 0 and "--min-ranks" in out
 
 
+def test_shipped_tensorboard_is_the_pinned_one(docker_client, image, image_layer):
+    status, out, _ = run(docker_client, image, ["tensorboard", "--version_tb"])
+    assert status == 0 and out.strip().splitlines()[-1] == CONFIG.versions["tensorboard"], out
+
+
 def test_labels_carry_every_component_version(docker_client, image, image_layer):
     labels = docker_client.images.get(image).labels
     expected = CONFIG.labels(image_layer)
@@ -68,6 +73,9 @@ def test_images_json_records_what_each_image_reports(docker_client, layer):
     if "horovod" in chain:
         assert reported["packages"]["horovod"] == CONFIG.versions["horovod"]
         assert "[X] MPI" in reported["horovod_check_build"]
+    if "app" in chain:
+        for package in ("tensorboard", "matplotlib"):
+            assert reported["packages"][package] == CONFIG.versions[package]
 
 
 def test_shipped_commands_are_on_path_for_launchers(host, image_layer):

@@ -6,10 +6,11 @@ Horovod's steps, each marked "# Horovod:" below: hvd.init(); one GPU per rank; l
 so that the gradients are averaged by allreduce; rank 0's state broadcast after the first step (the optimizer's slots
 exist only from then on; the weights are also broadcast before it, so that a run whose ranks start differently, e.g.
 resumed from rank 0's checkpoint, computes its first gradients from the same weights); metrics averaged; rank 0 alone
-prints and writes checkpoints.
+prints and writes checkpoints and TensorBoard logs (tf.summary; the TensorFlow profiler with --profile-steps).
 
     horovodrun -np 2 python hvd_custom_loop.py --epochs 3
     mpirun -np 2 python hvd_custom_loop.py --checkpoint-dir ckpt --resume
+    mpirun -np 2 python hvd_custom_loop.py --log-dir logs --profile-steps 5,8   # then: tensorboard --logdir logs
 
 Every rank prints one "RESULT {json}" line.
 """
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from tfhpc_runtime.callbacks import ScalarLog
+from tfhpc_runtime.callbacks import ProfileWindow
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, launch_size, log, report
 from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
@@ -89,7 +90,9 @@ def main():
         correct = tf.reduce_mean(tf.cast(tf.argmax(logits, 1, output_type=tf.int32) == labels, tf.float32))
         return loss, correct
 
-    scalars = ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # Horovod: rank 0 logs.
+    log_to_tensorboard = bool(chief and args.log_dir)  # Horovod: rank 0 alone writes TensorBoard logs.
+    writer = tf.summary.create_file_writer(f"{args.log_dir}/train") if log_to_tensorboard else None
+    profiler = ProfileWindow(tf, args.log_dir, args.profile_steps if log_to_tensorboard else None)
     losses, accuracies, learning_rates = [], [], []
     started = time.time()
     iterator = iter(train)
@@ -97,18 +100,21 @@ def main():
         totals = np.zeros(2)
         for step in range(steps):
             global_step = epoch * steps + step
+            run_step = (epoch - start_epoch) * steps + step + 1  # --profile-steps counts from 1 in this run
             if global_step < warmup_steps:  # Horovod: warm-up, from lr/size to lr over the first steps.
                 progress = global_step / warmup_steps
                 optimizer.learning_rate.assign(lr * (1.0 / size * (1 - progress) + progress))
             elif global_step == warmup_steps:
                 optimizer.learning_rate.assign(lr)
             images, labels = next(iterator)
+            profiler.begin(run_step)
             loss, correct = train_step(images, labels)
             if epoch == start_epoch and step == 0:
                 # Horovod: rank 0's complete state (weights and the optimizer's slots, created by the first step).
                 hvd.broadcast_variables(model.variables, root_rank=0)
                 hvd.broadcast_variables(optimizer.variables(), root_rank=0)
             totals += [float(loss), float(correct)]
+            profiler.end(run_step)
         means = hvd.allreduce(tf.constant(totals / steps), op=hvd.Average, name=f"epoch{epoch}").numpy()  # Horovod
         losses.append(float(means[0]))
         accuracies.append(float(means[1]))
@@ -117,8 +123,15 @@ def main():
                    f"lr {learning_rates[-1]:.4g}")
         if chief:  # Horovod: logs and checkpoints from rank 0 only.
             checkpoints.save(checkpoint, epoch + 1)
-            if scalars:
-                scalars.write(epoch + 1, {"loss": means[0], "accuracy": means[1], "lr": learning_rates[-1]})
+        if writer:  # the tags and steps of Keras' TensorBoard callback: epoch_<metric> at step = epoch (from 0)
+            with writer.as_default():
+                tf.summary.scalar("epoch_loss", losses[-1], step=epoch)
+                tf.summary.scalar("epoch_accuracy", accuracies[-1], step=epoch)
+                tf.summary.scalar("epoch_lr_at_end", learning_rates[-1], step=epoch)
+            writer.flush()
+    profiler.close()
+    if writer:
+        writer.close()
     seconds = time.time() - started
 
     test_loss, test_accuracy = hvd_evaluate(tf, hvd, model, x_test, y_test, batch)

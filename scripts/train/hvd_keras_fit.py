@@ -12,6 +12,7 @@ Run with N ranks, e.g.:
     horovodrun -np 2 python hvd_keras_fit.py --epochs 3
     mpirun -np 2 python hvd_keras_fit.py
     srun --mpi=pmix python hvd_keras_fit.py --checkpoint-dir $SCRATCH/ckpt --resume
+    mpirun -np 2 python hvd_keras_fit.py --log-dir logs --profile-steps 5,8   # then: tensorboard --logdir logs
 
 Defaults: the built-in glyphs data set (no download), per-rank batch 32, lr 0.01 x ranks (linear scaling) with one
 warm-up epoch, SGD with momentum 0.9, seed 1234 on every rank. Every rank prints one "RESULT {json}" line.
@@ -108,8 +109,8 @@ def main():
     callbacks.append(extra.EpochLog(chief))
     if chief:  # Horovod: logs and checkpoints from rank 0 only, so that ranks do not overwrite each other.
         callbacks.append(extra.SaveEachEpoch(checkpoints, checkpoint))
-        if args.log_dir:
-            callbacks.append(tensorboard_callback(tf, args.log_dir))
+        if args.log_dir:  # Horovod: TensorBoard scalars and the --profile-steps trace of rank 0.
+            callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
 
     started = time.time()
     history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,

@@ -7,17 +7,19 @@ strategy.scope()): a global seed so that every worker shuffles alike; shuffle().
 drop_remainder=True) so that every step's global batch is full; strategy.experimental_distribute_dataset, which hands
 each replica its slice of every global batch; per-example losses summed and divided by the *global* batch
 (tf.nn.compute_average_loss) because the replicas' gradients are summed; strategy.run in a tf.function;
-strategy.reduce for the loss and the metrics; a distributed evaluation built the same way.
+strategy.reduce for the loss and the metrics; a distributed evaluation built the same way; TensorBoard logs
+(tf.summary; the TensorFlow profiler with --profile-steps) from the chief alone.
 
     python launch_local_mwms.py -n 2 python mwms_custom_loop.py --epochs 3
     srun --ntasks=2 python mwms_custom_loop.py --checkpoint-dir $SCRATCH/ckpt --resume
+    srun --ntasks=2 python mwms_custom_loop.py --log-dir logs --profile-steps 5,8   # then: tensorboard --logdir logs
 
 Every worker prints one "RESULT {json}" line.
 """
 import sys
 import time
 
-from tfhpc_runtime.callbacks import ScalarLog
+from tfhpc_runtime.callbacks import ProfileWindow
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
@@ -104,22 +106,33 @@ def main():
         sums = strategy.run(step_fn, args=(images, labels))
         return [strategy.reduce(tf.distribute.ReduceOp.SUM, s, axis=None) for s in sums]  # MWMS: over workers.
 
-    scalars = ScalarLog(tf, args.log_dir) if chief and args.log_dir else None  # MWMS: the chief logs.
+    log_to_tensorboard = bool(chief and args.log_dir)  # MWMS: the chief alone writes TensorBoard logs.
+    writer = tf.summary.create_file_writer(f"{args.log_dir}/train") if log_to_tensorboard else None
+    profiler = ProfileWindow(tf, args.log_dir, args.profile_steps if log_to_tensorboard else None)
     losses, accuracies = [], []
     started = time.time()
     iterator = iter(train)
     for epoch in range(start_epoch, args.epochs):
         loss_sum, correct_sum = 0.0, 0.0
-        for _ in range(steps):
+        for step in range(steps):
+            run_step = (epoch - start_epoch) * steps + step + 1  # --profile-steps counts from 1 in this run
+            profiler.begin(run_step)
             loss, correct = train_step(iterator)
             loss_sum += float(loss)
             correct_sum += float(correct)
+            profiler.end(run_step)
         losses.append(loss_sum / steps)
         accuracies.append(correct_sum / (steps * global_batch))
         log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.4f}")
         checkpoints.save(checkpoint, epoch + 1, participate=True)  # MWMS: the chief writes, all take part.
-        if scalars:
-            scalars.write(epoch + 1, {"loss": losses[-1], "accuracy": accuracies[-1]})
+        if writer:  # the tags and steps of Keras' TensorBoard callback: epoch_<metric> at step = epoch (from 0)
+            with writer.as_default():
+                tf.summary.scalar("epoch_loss", losses[-1], step=epoch)
+                tf.summary.scalar("epoch_accuracy", accuracies[-1], step=epoch)
+            writer.flush()
+    profiler.close()
+    if writer:
+        writer.close()
     seconds = time.time() - started
 
     totals = [0.0, 0.0, 0.0]

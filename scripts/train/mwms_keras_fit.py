@@ -13,6 +13,7 @@ part in a throw-away copy); --resume from the latest one; distributed evaluation
         python mwms_keras_fit.py                           # on each node, with its own index
     srun --ntasks=4 python mwms_keras_fit.py              # Slurm: one task per worker (GPU), nothing else to set
     python launch_local_mwms.py -n 2 python mwms_keras_fit.py   # two workers on this machine
+    python launch_local_mwms.py -n 2 python mwms_keras_fit.py --log-dir logs --profile-steps 5,8  # TensorBoard
 
 Workers resuming must all see --checkpoint-dir (a shared file system). Every worker prints one "RESULT {json}" line.
 """
@@ -87,8 +88,8 @@ def main():
                  extra.SaveEachEpoch(checkpoints, checkpoint, participate=True)]  # MWMS: all workers save.
     if decay_epochs:
         callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
-    if chief and args.log_dir:  # MWMS: the chief alone writes logs.
-        callbacks.append(tensorboard_callback(tf, args.log_dir))
+    if chief and args.log_dir:  # MWMS: the chief alone writes logs (scalars, the --profile-steps trace).
+        callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
 
     started = time.time()
     history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,

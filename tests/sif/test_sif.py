@@ -1,6 +1,7 @@
 """The app SIF as users run it: `apptainer exec/run/test/inspect` as a non-root user, values checked."""
 import json
 import re
+import shlex
 
 import pytest
 
@@ -89,6 +90,8 @@ def test_every_app_runs(user_host, in_sif):
     out = user_host.check_output(f"apptainer run --app smoke-train {in_sif} --min-ranks 1 --epochs 3")
     report = results(out, 1)[0]
     assert report["losses"][-1] < 0.5 * report["losses"][0]
+    assert user_host.check_output(f"apptainer run --app tensorboard {in_sif} --version_tb").splitlines()[-1] == \
+        CONFIG.versions["tensorboard"]
 
 
 def test_runscript_without_arguments_prints_info(user_host, in_sif):
@@ -103,6 +106,16 @@ def test_users_own_script_bind_mounted(user_host, in_sif):
     user_host.check_output(f"mkdir -p /tmp/userjob && printf '%s\\n' \"{script}\" > /tmp/userjob/mine.py")
     out = user_host.check_output(f"apptainer exec -B /tmp/userjob:/job {in_sif} mpirun -np 2 python /job/mine.py")
     assert [(r["size"], r["sum"]) for r in results(out, 2)] == [(2, 3.0), (2, 3.0)]
+
+
+def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(user_host, in_sif):
+    """tests/user_scripts/hvd_keras_tensorboard.py: Keras' TensorBoard callback on rank 0, 2 ranks in the SIF."""
+    source = (REPO_ROOT / "tests" / "user_scripts" / "hvd_keras_tensorboard.py").read_text()
+    user_host.check_output(f"mkdir -p /tmp/userjob-tb && printf '%s' {shlex.quote(source)} > /tmp/userjob-tb/train.py")
+    out = user_host.check_output(f"apptainer exec -B /tmp/userjob-tb:/job {in_sif} mpirun -np 2 python /job/train.py "
+                                 f"/job/logs")
+    assert [r["size"] for r in results(out, 2)] == [2, 2]
+    assert user_host.check_output("ls /tmp/userjob-tb/logs/train").startswith("events.out.tfevents.")
 
 
 def test_image_is_read_only(user_host, in_sif):

@@ -1,10 +1,7 @@
-"""Keras callbacks of the fit entrypoints and TensorBoard scalars for the custom loops. TensorFlow is passed in as
-`tf`; the callback classes are defined once it is imported (keras_callbacks)."""
+"""Keras callbacks of the fit entrypoints, Keras' TensorBoard callback with the profiler, and the profiler window of
+the custom loops. TensorFlow is passed in as `tf`; the callback classes are defined once it is imported
+(keras_callbacks)."""
 import argparse
-import os
-import socket
-import time
-from pathlib import Path
 
 from .cli import log
 
@@ -47,55 +44,37 @@ def keras_callbacks(tf):
         def on_epoch_end(self, epoch, logs=None):
             self.checkpoints.save(self.checkpoint, epoch + 1, participate=self.participate)
 
-    class EpochScalars(tf.keras.callbacks.Callback):
-        """Epoch metrics as TensorBoard scalars (ScalarLog), for images without the tensorboard package."""
-
-        def __init__(self, log_dir):
-            super().__init__()
-            self.log = ScalarLog(tf, log_dir)
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.log.write(epoch + 1, logs or {})
-
-        def on_train_end(self, logs=None):
-            self.log.close()
-
-    return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
-                              EpochScalars=EpochScalars)
+    return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch)
 
 
-class ScalarLog:
-    """Scalars in TensorBoard's format in <log_dir>/train without the tensorboard package (tf.summary needs it): the
-    event file is written directly, as TFRecords of Event protocol buffers. Used by the custom loops and, when
-    tensorboard is missing, by the fit entrypoints."""
+def tensorboard_callback(tf, log_dir, profile_steps=None):
+    """Keras' TensorBoard callback as the IT4Innovations course uses it (epoch scalars, graph, weight histograms) in
+    <log_dir>/train, and with profile_steps (A, B) a profiler trace of this run's steps A to B (counted from 1) in
+    <log_dir>/plugins/profile."""
+    return tf.keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=1, profile_batch=profile_steps or 0)
 
-    def __init__(self, tf, log_dir):
-        from tensorflow.core.util import event_pb2
-        self.event_pb2 = event_pb2
-        directory = Path(log_dir) / "train"
-        directory.mkdir(parents=True, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2"
-        self.writer = tf.io.TFRecordWriter(str(directory / name))
-        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
-    def _write(self, event):
-        self.writer.write(event.SerializeToString())
-        self.writer.flush()
+class ProfileWindow:
+    """The TensorFlow profiler over steps A to B of a custom loop, counted from 1 in this run as Keras' profile_batch
+    counts them: begin(step) before a step, end(step) after it, close() after the loop. The trace goes to
+    <log_dir>/plugins/profile/<time>/, where TensorBoard's profile plugin looks. Without steps it does nothing (the
+    ranks that do not log)."""
 
-    def write(self, step, values):
-        event = self.event_pb2.Event(wall_time=time.time(), step=step)
-        for key, value in sorted(values.items()):
-            event.summary.value.add(tag=f"epoch_{key}", simple_value=float(value))
-        self._write(event)
+    def __init__(self, tf, log_dir, steps=None):
+        self.tf, self.log_dir = tf, log_dir
+        self.first, self.last = steps or (0, 0)
+        self.running = False
+
+    def begin(self, step):
+        if step == self.first:
+            self.tf.profiler.experimental.start(self.log_dir)
+            self.running = True
+
+    def end(self, step):
+        if self.running and step >= self.last:
+            self.close()
 
     def close(self):
-        self.writer.close()
-
-
-def tensorboard_callback(tf, log_dir):
-    """Keras' TensorBoard callback (as the IT4Innovations course uses it: scalars, graph, histograms) when the
-    tensorboard package is installed, else epoch scalars written without it."""
-    import importlib.util
-    if importlib.util.find_spec("tensorboard"):
-        return tf.keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=1)
-    return keras_callbacks(tf).EpochScalars(log_dir)
+        if self.running:
+            self.tf.profiler.experimental.stop()
+            self.running = False

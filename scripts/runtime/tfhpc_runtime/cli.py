@@ -118,7 +118,12 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
     parser.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept in --checkpoint-dir")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --checkpoint-dir (start fresh if there is none)")
-    parser.add_argument("--log-dir", default=None, help="TensorBoard logs (rank 0 / chief only)")
+    parser.add_argument("--log-dir", default=None,
+                        help="TensorBoard logs (rank 0 / chief only): epoch scalars in <log-dir>/train; view them with "
+                             "tensorboard --logdir <log-dir>")
+    parser.add_argument("--profile-steps", default=None, metavar="A,B",
+                        help="write a TensorFlow profiler trace of this run's steps A to B (counted from 1) into "
+                             "<log-dir>/plugins/profile (rank 0 / chief only; needs --log-dir)")
     parser.add_argument("--export-dir", default=None,
                         help="write the trained model here as a SavedModel (rank 0 / chief, atomically)")
     parser.add_argument("--weights-out", default=None,
@@ -145,6 +150,7 @@ def check_training_args(args):
         fail(f"--lr must be positive, got {args.lr}")
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir (the directory of an earlier run's checkpoints)")
+    args.profile_steps = parse_profile_steps(args.profile_steps, args.log_dir)
     check_data_args(args)
     for flag in ("checkpoint_dir", "log_dir", "weights_out", "cache_dir"):
         path = getattr(args, flag, None)
@@ -154,6 +160,21 @@ def check_training_args(args):
             if not os.access(existing, os.W_OK):
                 fail(f"--{flag.replace('_', '-')} {path}: {existing} is not writable; choose a writable path "
                      f"(e.g. a bind-mounted directory)")
+
+
+def parse_profile_steps(text, log_dir):
+    """--profile-steps "A,B" -> (A, B) with 1 <= A <= B, or None when not given."""
+    if text is None:
+        return None
+    try:
+        first, last = (int(value) for value in text.split(","))
+    except ValueError:
+        first, last = 0, 0
+    if not 1 <= first <= last:
+        fail(f"--profile-steps {text!r} must be two step numbers A,B with 1 <= A <= B, e.g. 5,8")
+    if not log_dir:
+        fail("--profile-steps needs --log-dir (the profiler trace is written there)")
+    return first, last
 
 
 def parse_epochs(text, flag="--lr-decay-epochs"):

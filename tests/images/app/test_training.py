@@ -124,6 +124,97 @@ def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
+# TensorBoard: the shipped command serves the scalars that --log-dir wrote (Keras' callback in the fit entrypoints,
+# tf.summary in the custom loops), equal to the losses and accuracies of the RESULT lines.
+
+# Runs in the container: polls TensorBoard's HTTP API (the scalars plugin's /tags and /scalars routes, as the
+# tensorboard package's plugins/scalar/scalars_plugin.py serves them) until every tag has every step, then prints
+# {tag: [[wall_time, step, value], ...]}. No proxy: TensorBoard is on 127.0.0.1.
+READ_SCALARS = """
+import json, sys, time, urllib.parse, urllib.request
+port, run, tags, steps, timeout = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), float(sys.argv[5])
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+base = f"http://127.0.0.1:{port}/data/plugin/scalars"
+deadline, found, error = time.time() + timeout, {}, None
+while time.time() < deadline:
+    try:
+        if all(tag in json.load(opener.open(f"{base}/tags", timeout=10)).get(run, {}) for tag in tags):
+            found = {tag: json.load(opener.open(f"{base}/scalars?" + urllib.parse.urlencode({"run": run, "tag": tag}),
+                                                timeout=10)) for tag in tags}
+            if all(len(values) == steps for values in found.values()):
+                print(json.dumps(found))
+                sys.exit(0)
+    except OSError as caught:
+        error = caught
+    time.sleep(1)
+sys.exit(f"TensorBoard on port {port} did not serve {steps} steps of {tags} for run {run!r} in {timeout:g} s: "
+         f"last error {error}, last answer {found}")
+"""
+TENSORBOARD_TIMEOUT = 180  # TensorBoard imports TensorFlow before it listens
+
+
+def serve_tensorboard(host, log_dir):
+    """Start the shipped `tensorboard` command on log_dir, on a free port of 127.0.0.1, in its own process group:
+    (port, process group id)."""
+    port = int(host.check_output("python -c 'from tfhpc_runtime.cluster import free_ports; print(free_ports(1)[0])'"))
+    group = host.check_output(f"setsid nohup tfhpc-tensorboard --logdir {log_dir} --host 127.0.0.1 --port {port} "
+                              f"> {log_dir}.tensorboard.log 2>&1 < /dev/null & echo $!")
+    return port, int(group)
+
+
+def stop_tensorboard(host, group):
+    """Stop TensorBoard's process group (TensorBoard and its data server) and wait until it is gone."""
+    host.run(f"kill -TERM -{group}")  # a negative id: the whole group (dash's kill takes no "--")
+    gone = host.run(f"for i in $(seq 30); do pgrep -g {group} > /dev/null || exit 0; sleep 1; done; exit 1")
+    if gone.rc != 0:
+        host.run(f"kill -KILL -{group}")
+    return gone.rc == 0
+
+
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def test_tensorboard_serves_the_scalars_of_the_result_lines(host, image_layer, full_runs, name):
+    reports, _ = full_runs(name)
+    chief = reports[0]
+    log_dir = f"{WORK}/{name}-logs"
+    port, group = serve_tensorboard(host, log_dir)
+    try:
+        read = host.run(f"python -c {shlex.quote(READ_SCALARS)} {port} train epoch_loss,epoch_accuracy "
+                        f"{len(chief['losses'])} {TENSORBOARD_TIMEOUT}")
+        assert read.rc == 0, read.stderr + "\n" + host.run(f"tail -20 {log_dir}.tensorboard.log").stdout
+        served = json.loads(read.stdout)
+    finally:
+        stopped = stop_tensorboard(host, group)
+    for tag, expected in (("epoch_loss", chief["losses"]), ("epoch_accuracy", chief["accuracies"])):
+        steps = [step for _, step, _ in served[tag]]
+        values = [value for _, _, value in served[tag]]
+        assert steps == list(range(len(expected))), (tag, steps)  # Keras' convention: step = epoch, from 0
+        assert values == pytest.approx(expected, rel=1e-6), (tag, values, expected)  # stored as float32
+    assert stopped, "TensorBoard's process group did not stop"
+
+
+def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(host, image_layer, work):
+    """The IT4Innovations course's workflow as a user writes it: Keras' TensorBoard callback on rank 0, 2 ranks."""
+    source = (REPO_ROOT / "tests" / "user_scripts" / "hvd_keras_tensorboard.py").read_text()
+    host.check_output(f"mkdir -p {work}/userjob && printf '%s' {shlex.quote(source)} > {work}/userjob/train.py")
+    reports = run_ranks(host, f"{HVD} python {work}/userjob/train.py {work}/userjob/logs", 2)
+    assert reports[0]["losses"] == pytest.approx(reports[1]["losses"], rel=1e-6)
+    assert host.check_output(f"ls {work}/userjob/logs/train").startswith("events.out.tfevents.")
+
+
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def test_profile_steps_write_one_trace_from_rank_0(host, image_layer, work, name):
+    log_dir = f"{work}/{name}-profile"
+    arguments = (f"--train-samples 640 --test-samples 64 --epochs 1 --verbose 0 --log-dir {log_dir} "
+                 f"--profile-steps 3,5")  # 10 steps of global batch 64
+    reports = run_ranks(host, ENTRYPOINTS[name](arguments), 2)
+    assert all(report["failures"] == [] for report in reports)
+    traces = host.check_output(f"cd {log_dir} && find plugins/profile -name '*.xplane.pb' | sort").split()
+    assert len(traces) == 1, f"one trace, by rank 0 / the chief only: {traces}"
+    assert host.file(f"{log_dir}/{traces[0]}").size > 0
+    assert host.check_output(f"ls {log_dir}/train").startswith("events.out.tfevents.")
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
 # Real data shipped in the image: scikit-learn's handwritten digits (1437 training, 360 test images).
 
 DIGITS_ACCURACY = 0.9
@@ -367,6 +458,9 @@ BAD_INPUTS = [
     ("mwms_keras_fit.py", "--resume", "", ["--resume needs --checkpoint-dir"]),
     ("mwms_keras_fit.py", "--collective nccl", "", ["needs GPUs", "--collective ring"]),
     ("launch_local_mwms.py", "-n 2 -- tfhpc-train-mwms-fitt", "", ["no such command: tfhpc-train-mwms-fitt"]),
+    ("hvd_custom_loop.py", "--profile-steps 5", "", ["--profile-steps '5'", "A,B", "1 <= A <= B"]),
+    ("mwms_custom_loop.py", "--profile-steps 4,2 --log-dir /tmp/tfhpc-no-logs", "", ["--profile-steps '4,2'"]),
+    ("hvd_keras_fit.py", "--profile-steps 2,3", "", ["--profile-steps needs --log-dir"]),
 ]
 
 
@@ -398,7 +492,7 @@ def test_global_batch_that_does_not_divide_is_refused_on_every_rank(host, image_
 def test_every_training_entrypoint_answers_help(host, image_layer):
     import tomllib
     entries = tomllib.loads((REPO_ROOT / "scripts" / "entrypoints.toml").read_text())
-    trained = {name: spec for name, spec in entries.items() if spec["run"][1].startswith("train/")}
+    trained = {name: spec for name, spec in entries.items() if spec.get("run", ["", ""])[1].startswith("train/")}
     assert set(trained) >= {"train-hvd-fit", "train-hvd-loop", "train-mwms-fit", "train-mwms-loop", "sgd-lab",
                             "benchmark-hvd", "benchmark-mwms", "launch-local-mwms"}
     for name, spec in trained.items():

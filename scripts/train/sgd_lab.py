@@ -13,9 +13,9 @@ Settings, one trajectory each (same start, same learning rate unless stated):
     horovodrun -np 2 python sgd_lab.py --out-dir sgd-lab
     python sgd_lab.py                 # 1 worker: the batch-size settings only
 
-Rank 0 writes <out-dir>/sgd_trajectories.{json,csv,png} (the PNG is a plain line plot without text: the JSON gives
-each setting's colour; background bands are loss levels, the black cross the least-squares solution). Every rank
-prints one "RESULT {json}" line.
+Rank 0 writes <out-dir>/sgd_trajectories.{json,csv,png,svg}: the figure (matplotlib) shows the trajectories over
+contour lines of the loss and the loss per step, one colour per setting named in its legend, the least-squares
+minimum marked. Every rank prints one "RESULT {json}" line.
 """
 import csv
 import io
@@ -28,7 +28,9 @@ from tfhpc_runtime.cli import LR_SCALING, Parser, fail, report
 from tfhpc_runtime.files import atomic_write_bytes
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import scaled_lr
-from tfhpc_runtime.plot import color, plot
+from tfhpc_runtime.plot import colors, draw
+
+MIN_WIDTH, MIN_HEIGHT = 640, 400  # PNG size in pixels below which the figure's text is too small to read
 
 
 def main():
@@ -46,9 +48,9 @@ def main():
     parser.add_argument("--lr-scaling", default="none", choices=LR_SCALING,
                         help="learning rate of the Horovod setting (global batch N x --hvd-batch)")
     parser.add_argument("--seed", type=int, default=1234, help="data, shuffling and the per-rank random starts")
-    parser.add_argument("--out-dir", default="sgd-lab", help="where rank 0 writes the JSON, CSV and PNG")
-    parser.add_argument("--width", type=int, default=800, help="PNG width in pixels")
-    parser.add_argument("--height", type=int, default=600, help="PNG height in pixels")
+    parser.add_argument("--out-dir", default="sgd-lab", help="where rank 0 writes the JSON, CSV, PNG and SVG")
+    parser.add_argument("--width", type=int, default=1200, help="PNG width in pixels")
+    parser.add_argument("--height", type=int, default=700, help="PNG height in pixels")
     args = parser.parse_args()
     batch_sizes = parse_sizes(args.batch_sizes)
     start = parse_start(args.start)
@@ -57,8 +59,9 @@ def main():
     if max(batch_sizes) > args.samples:
         fail(f"--batch-sizes {max(batch_sizes)} exceeds --samples {args.samples}: use batches up to the "
              f"number of samples")
-    if not (64 <= args.width <= 4000 and 64 <= args.height <= 4000):
-        fail("--width and --height must be between 64 and 4000 pixels")
+    if not (MIN_WIDTH <= args.width <= 4000 and MIN_HEIGHT <= args.height <= 4000):
+        fail(f"--width must be {MIN_WIDTH} to 4000 and --height {MIN_HEIGHT} to 4000 pixels (smaller, the figure's "
+             f"text cannot be read)")
     if args.hvd_batch < 1:
         fail(f"--hvd-batch must be at least 1, got {args.hvd_batch}")
 
@@ -101,8 +104,8 @@ def main():
     if rank == 0:
         for batch in batch_sizes:
             name = "gradient descent" if batch == args.samples else f"SGD batch {batch}"
-            settings.append({"label": f"1 worker, {name}", "workers": 1, "batch": batch, "rank": None,
-                             "points": run(start, batch, args.lr)})
+            settings.append({"label": f"1 worker, {name}", "kind": "1-worker", "workers": 1, "batch": batch,
+                             "rank": None, "points": run(start, batch, args.lr)})
 
     hvd_lr = scaled_lr(args.lr, size, args.lr_scaling)
     global_batch = size * args.hvd_batch
@@ -124,18 +127,24 @@ def main():
         identical = max(np.abs(np.array(p["horovod"]) - np.array(horovod)).max() for p in everyone)
         equivalence = float(np.abs(np.array(reference) - np.array(horovod)).max())
         if size > 1:
-            settings.append({"label": f"Horovod, {size} workers x batch {args.hvd_batch}", "workers": size,
-                             "batch": args.hvd_batch, "rank": None, "points": horovod})
-            for key, what in (("alone", "before Horovod"), ("bcast", "broadcast only")):
+            settings.append({"label": f"Horovod, {size} workers x batch {args.hvd_batch}", "kind": "horovod",
+                             "workers": size, "batch": args.hvd_batch, "rank": None, "points": horovod})
+            for key, what, kind in (("alone", "before Horovod", "before-horovod"),
+                                    ("bcast", "broadcast only", "broadcast-only")):
                 for peer in everyone:
-                    settings.append({"label": f"{what}, rank {peer['rank']} of {size}", "workers": size,
-                                     "batch": args.hvd_batch, "rank": peer["rank"], "points": peer[key]})
-        for index, setting in enumerate(settings):
-            setting["color"] = color(index, len(settings))
-        image = plot(settings, solution, x, y, args.width, args.height)
+                    settings.append({"label": f"{what}, rank {peer['rank']} of {size}", "kind": kind,
+                                     "workers": size, "batch": args.hvd_batch, "rank": peer["rank"],
+                                     "points": peer[key]})
+        for setting, colour in zip(settings, colors(len(settings))):
+            setting["color"] = colour
+        workers = f" vs Horovod, {size} workers x batch {args.hvd_batch}" if size > 1 else ""
+        title = (f"SGD on y = m*x + n ({args.samples} samples, {args.steps} steps, learning rate {args.lr:g}): "
+                 f"batch sizes on 1 worker{workers}")
+        png, svg = draw(settings, solution, x, y, start, title, args.width, args.height)
         document = {"model": "y = m*x + n", "loss": "mean squared error", "samples": args.samples,
                     "true": [args.true_m, args.true_n], "least_squares": solution.tolist(), "lr": args.lr,
                     "hvd_lr": hvd_lr, "steps": args.steps, "start": list(start), "png": [args.width, args.height],
+                    "title": title,
                     "settings": [{k: v for k, v in s.items()} for s in settings],
                     "checks": {"horovod_identical_on_all_ranks": float(identical),
                                "horovod_vs_1_worker_global_batch": equivalence}}
@@ -146,7 +155,8 @@ def main():
             for step, (m, n, loss) in enumerate(setting["points"]):
                 writer.writerow([setting["label"], setting["color"], step, f"{m:.10g}", f"{n:.10g}", f"{loss:.10g}"])
         for name, data in (("sgd_trajectories.json", json.dumps(document, indent=1).encode()),
-                           ("sgd_trajectories.csv", rows.getvalue().encode()), ("sgd_trajectories.png", image)):
+                           ("sgd_trajectories.csv", rows.getvalue().encode()), ("sgd_trajectories.png", png),
+                           ("sgd_trajectories.svg", svg)):
             atomic_write_bytes(f"{args.out_dir}/{name}", data)  # rank 0 only, atomically
             result["files"].append(f"{args.out_dir}/{name}")
         for setting in settings:

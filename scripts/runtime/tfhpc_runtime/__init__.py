@@ -3,13 +3,14 @@
     cli          argument parsing, one-line errors (fail), RESULT lines (report), the training flags
     data         data sets that need no download, batch and step arithmetic, the tf.data pipelines
     model        the models, optimizers, learning-rate scaling, Horovod evaluation
-    callbacks    Keras callbacks (learning-rate log and decay, per-epoch checkpoints, TensorBoard scalars)
+    callbacks    Keras callbacks (learning-rate log and decay, per-epoch checkpoints, TensorBoard and the profiler),
+                 the custom loops' profiler window
     checkpoints  per-epoch checkpoints with --resume, SavedModel export
     files        atomic single-writer output (RESULT files, weights, reports)
     cluster      MultiWorkerMirroredStrategy set-up: TF_CONFIG, Slurm, proxies, the strategy; network helpers
     gpu          which device and which GPU a rank uses; GPU, driver and NCCL facts
     metrics      thread configuration, bandwidth (busbw) and throughput statistics
-    plot         a numpy PNG plotter (the SGD lab)
+    plot         the SGD lab's figure (matplotlib, imported when drawing)
     versions     installed component versions (info, doctor)
 
 No module imports TensorFlow or Horovod: the scripts import them after their arguments are checked, and pass `tf`

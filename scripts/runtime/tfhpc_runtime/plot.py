@@ -1,111 +1,87 @@
-"""A small plotter for the SGD lab (scripts/train/sgd_lab.py): (m, n) trajectories of the 1-D linear model drawn on
-a numpy canvas over bands of its loss, written as a PNG with zlib and struct, so that the lab needs no matplotlib.
-The lab is the CSCS Piz Daint course's; the picture is a plain line plot without text (the lab's JSON names each
-colour)."""
-import colorsys
-import struct
-import zlib
+"""The SGD lab's figure (scripts/train/sgd_lab.py), drawn with matplotlib: on the left the (m, n) trajectories of the
+1-D linear model y = m*x + n over contour lines of its loss, on the right each trajectory's loss per step; one
+colour per setting, named in a legend shared by both panels, and the least-squares minimum marked in both. Written as
+PNG (Agg) and SVG (text kept as text, so that the labels can be searched and edited).
 
-import numpy as np
+matplotlib is imported when a figure is drawn, not with this module: the lab checks its arguments first.
+"""
+import io
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
-
-
-def color(index, count):
-    """The colour of setting `index` of `count`: the palette, or evenly spaced hues when there are more settings."""
-    if count <= len(PALETTE):
-        return PALETTE[index]
-    r, g, b = colorsys.hsv_to_rgb(index / count, 0.85, 0.85)
-    return "#%02x%02x%02x" % (round(r * 255), round(g * 255), round(b * 255))
+LAYOUT_INCHES = (12, 7)  # the figure is laid out at least this large, then rendered at width x height pixels
+# Line style per kind of setting (sgd_lab.py's "kind"): the 1-worker runs and Horovod solid, Horovod thicker; the
+# runs without averaged gradients dotted (own start) or dashed (broadcast start).
+STYLES = {"1-worker": ("-", 1.4), "horovod": ("-", 3.0), "before-horovod": (":", 1.6), "broadcast-only": ("--", 1.4)}
 
 
-def rgb(hex_color):
-    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+def colors(count):
+    """One distinct colour per setting, as "#rrggbb": matplotlib's "tab10" cycle, or evenly spaced hues of its "hsv"
+    map when there are more than 10 settings."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+    if count <= 10:
+        return [to_hex(colormaps["tab10"](index)) for index in range(count)]
+    return [to_hex(colormaps["hsv"](index / count)) for index in range(count)]
 
 
-def plot(settings, solution, x, y, width, height):
-    """PNG bytes: each setting's (m, n) points as a line in its colour (a square at the start, a disc at the end)
-    over log-spaced bands of the mean squared error of y = m*x + n, the least-squares `solution` as a black cross."""
-    margin = 40
-    points = np.concatenate([np.array(s["points"])[:, :2] for s in settings] + [solution[None]])
+def loss_grid(x, y, m, n):
+    """Mean squared error of y = m*x + n over the data (x, y), for arrays m and n of the same shape."""
+    sx, sx2, sy, sxy, sy2 = x.mean(), (x * x).mean(), y.mean(), (x * y).mean(), (y * y).mean()
+    return m ** 2 * sx2 + n ** 2 + sy2 + 2 * m * n * sx - 2 * m * sxy - 2 * n * sy
+
+
+def draw(settings, solution, x, y, start, title, width, height):
+    """(PNG bytes, SVG bytes) of the lab's figure, width x height pixels. settings: dicts with "label", "kind",
+    "color" and "points" [(m, n, loss), ...]; solution: the least-squares (m, n); start: the common initial (m, n)."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # A Figure without pyplot: no GUI backend and no global state; its canvas is Agg (PNG), and savefig switches to
+    # the SVG backend for the SVG (matplotlib's "Embedding in a web application server" pattern). The resolution
+    # follows the size asked for, so that a smaller figure is the same figure scaled down, not a cramped one.
+    dpi = max(1, round(min(width / LAYOUT_INCHES[0], height / LAYOUT_INCHES[1])))
+    figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    paths, losses = figure.subplots(1, 2)
+    minimum = float(loss_grid(x, y, *solution))
+
+    points = np.concatenate([np.array(s["points"])[:, :2] for s in settings] + [np.array([solution])])
     low, high = points.min(0), points.max(0)
     pad = (high - low) * 0.06 + 1e-9
     low, high = low - pad, high + pad
+    grid_m, grid_n = np.meshgrid(np.linspace(low[0], high[0], 300), np.linspace(low[1], high[1], 300))
+    grid = loss_grid(x, y, grid_m, grid_n)
+    levels = np.geomspace(minimum * 1.05, grid.max(), 9)  # log-spaced: the valley's floor and its walls alike
+    contours = paths.contour(grid_m, grid_n, grid, levels=levels, colors="0.7", linewidths=0.8)
+    paths.clabel(contours, fmt="%.2g", fontsize=7)
 
-    def to_pixel(m, n):
-        px = margin + (m - low[0]) / (high[0] - low[0]) * (width - 2 * margin)
-        py = height - margin - (n - low[1]) / (high[1] - low[1]) * (height - 2 * margin)
-        return px, py
-
-    canvas = np.full((height, width, 3), 255, np.uint8)
-    # Loss levels as light grey bands (log-spaced), inside the frame.
-    mm = np.linspace(low[0], high[0], width - 2 * margin)
-    nn = np.linspace(high[1], low[1], height - 2 * margin)
-    grid_m, grid_n = np.meshgrid(mm, nn)
-    sx, sx2, sy, sxy, sy2 = x.mean(), (x * x).mean(), y.mean(), (x * y).mean(), (y * y).mean()
-    loss = grid_m ** 2 * sx2 + grid_n ** 2 + sy2 + 2 * grid_m * grid_n * sx - 2 * grid_m * sxy - 2 * grid_n * sy
-    band = np.floor(np.log(np.maximum(loss, 1e-12)) * 2.0).astype(int) % 2
-    canvas[margin:height - margin, margin:width - margin] = np.where(band[..., None] == 1, 238, 250)
-    # Frame and ticks.
-    canvas[margin, margin:width - margin + 1] = 0
-    canvas[height - margin, margin:width - margin + 1] = 0
-    canvas[margin:height - margin + 1, margin] = 0
-    canvas[margin:height - margin + 1, width - margin] = 0
-    for i in range(11):
-        tx = margin + i * (width - 2 * margin) // 10
-        ty = margin + i * (height - 2 * margin) // 10
-        canvas[height - margin:height - margin + 6, tx] = 0
-        canvas[ty, margin - 6:margin] = 0
-    # Trajectories, then their start (square) and end (disc) markers.
     for setting in settings:
-        colour = rgb(setting["color"])
-        pixels = [to_pixel(m, n) for m, n, _ in setting["points"]]
-        for (x0, y0), (x1, y1) in zip(pixels, pixels[1:]):
-            line(canvas, x0, y0, x1, y1, colour)
-        (x0, y0), (x1, y1) = pixels[0], pixels[-1]
-        canvas[clip_range(y0 - 4, y0 + 5, height), clip_range(x0 - 4, x0 + 5, width)] = colour
-        disc(canvas, x1, y1, 5, colour)
-    cx, cy = to_pixel(*solution)
-    for d in range(-8, 9):  # the least-squares solution: a black cross
-        for t in (-1, 0, 1):
-            put(canvas, cx + d, cy + t, (0, 0, 0))
-            put(canvas, cx + t, cy + d, (0, 0, 0))
-    return png(canvas)
+        style, width_ = STYLES.get(setting.get("kind"), ("-", 1.4))
+        track = np.array(setting["points"])
+        paths.plot(track[:, 0], track[:, 1], linestyle=style, linewidth=width_, color=setting["color"],
+                   label=setting["label"])
+        paths.plot(track[-1, 0], track[-1, 1], "o", markersize=4, color=setting["color"])
+        losses.plot(np.arange(len(track)), track[:, 2], linestyle=style, linewidth=width_, color=setting["color"])
+    paths.plot(*start, "s", color="black", markersize=7, label=f"common start (m, n) = ({start[0]:g}, {start[1]:g})")
+    paths.plot(*solution, "*", color="black", markersize=15, markerfacecolor="gold",
+               label=f"least-squares minimum (m, n) = ({solution[0]:.3f}, {solution[1]:.3f})")
+    losses.axhline(minimum, color="black", linestyle="--", linewidth=1,
+                   label=f"minimum loss {minimum:.4f} (least squares)")
 
+    paths.set(xlabel="slope m (units of y per unit of x)", ylabel="intercept n (units of y)",
+              title="trajectories of (m, n) over loss contours", xlim=(low[0], high[0]), ylim=(low[1], high[1]))
+    losses.set(xlabel="step (parameter updates)", ylabel="loss: mean squared error (units of y squared)",
+               title="loss on all samples after each step", yscale="log")
+    losses.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    figure.suptitle(title)
+    handles, labels = paths.get_legend_handles_labels()
+    more_handles, more_labels = losses.get_legend_handles_labels()
+    figure.legend(handles + more_handles, labels + more_labels, loc="outside lower center", ncols=3,
+                  fontsize="small")
 
-def clip_range(a, b, limit):
-    return slice(int(max(0, min(limit, round(a)))), int(max(0, min(limit, round(b)))))
-
-
-def put(canvas, px, py, colour):
-    ix, iy = int(round(px)), int(round(py))
-    if 0 <= iy < canvas.shape[0] and 0 <= ix < canvas.shape[1]:
-        canvas[iy, ix] = colour
-
-
-def line(canvas, x0, y0, x1, y1, colour):
-    steps = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
-    for t in np.linspace(0.0, 1.0, steps + 1):
-        px, py = x0 + (x1 - x0) * t, y0 + (y1 - y0) * t
-        for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):  # 2-pixel brush
-            put(canvas, px + dx, py + dy, colour)
-
-
-def disc(canvas, cx, cy, radius, colour):
-    for dy in range(-radius, radius + 1):
-        for dx in range(-radius, radius + 1):
-            if dx * dx + dy * dy <= radius * radius:
-                put(canvas, cx + dx, cy + dy, colour)
-
-
-def png(canvas):
-    """8-bit RGB PNG: signature, IHDR, one zlib-compressed IDAT (filter 0 on every row), IEND."""
-    height, width, _ = canvas.shape
-    raw = b"".join(b"\x00" + canvas[row].tobytes() for row in range(height))
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    png, svg = io.BytesIO(), io.BytesIO()
+    figure.savefig(png, format="png", dpi=dpi)
+    import matplotlib
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tfhpc"}):  # text as <text>; stable ids
+        figure.savefig(svg, format="svg", metadata={"Date": None})
+    return png.getvalue(), svg.getvalue()

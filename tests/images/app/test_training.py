@@ -13,7 +13,11 @@ What is proven, with the tolerances:
   the weights by more than 100 times that;
 - resume: 1 epoch, then --resume to 3 epochs, ends with the weights of an uninterrupted 3-epoch run to
   RESUME_TOLERANCE, starting at epoch 2; only rank 0 / the chief wrote checkpoints, and none is left half-written;
-- the SGD lab's PNG has the requested size and every setting's colour drawn;
+- TensorBoard: the shipped `tensorboard` command serves, over its HTTP API, the epoch losses and accuracies that
+  --log-dir wrote (Keras' TensorBoard callback, tf.summary in the custom loops), equal to the RESULT lines;
+  --profile-steps leaves one profiler trace, rank 0's;
+- the SGD lab's figure: a PNG of the requested size that inflates and carries matplotlib's "Software" text, and an
+  SVG whose text names every setting in its legend;
 - bad input: one line on stderr naming the fix, exit status 2, nothing written.
 """
 import json
@@ -23,7 +27,7 @@ import zlib
 
 import pytest
 
-from conftest import run_ranks, script
+from conftest import CONFIG, run_ranks, script
 from tfhpc import REPO_ROOT
 
 ACCURACY = 0.85
@@ -335,10 +339,10 @@ def test_mwms_from_slurm_variables_uses_the_job_id_port_base(host, image_layer, 
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
-# SGD lab: trajectories and a PNG.
+# SGD lab: trajectories, and a figure drawn with matplotlib (PNG and SVG).
 
-def read_png(data):
-    """(width, height, rows of RGB tuples) of an 8-bit RGB, non-interlaced PNG, decoded with zlib and struct."""
+def png_chunks(data):
+    """{chunk type: [bodies]} of a PNG, every chunk's CRC checked."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     position, chunks = 8, {}
     while position < len(data):
@@ -347,40 +351,30 @@ def read_png(data):
         assert struct.unpack(">I", data[position + 8 + length:position + 12 + length])[0] == zlib.crc32(kind + body)
         chunks.setdefault(kind, []).append(body)
         position += 12 + length
-    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"][0])
-    assert (depth, colour, interlace) == (8, 2, 0), "expected 8-bit RGB, not interlaced"
-    raw, stride, rows, previous = zlib.decompress(b"".join(chunks[b"IDAT"])), width * 3, [], bytearray(width * 3)
-    for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            left = line[i - 3] if i >= 3 else 0
-            up, corner = previous[i], previous[i - 3] if i >= 3 else 0
-            if kind == 1:
-                line[i] = (line[i] + left) & 255
-            elif kind == 2:
-                line[i] = (line[i] + up) & 255
-            elif kind == 3:
-                line[i] = (line[i] + (left + up) // 2) & 255
-            elif kind == 4:
-                p = left + up - corner
-                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
-        rows.append([tuple(line[i:i + 3]) for i in range(0, stride, 3)])
-        previous = line
-    return width, height, rows
+    assert list(chunks)[0] == b"IHDR" and list(chunks)[-1] == b"IEND"
+    return chunks
 
 
-def test_sgd_lab_writes_trajectories_and_a_png(host, image_layer, work):
+def svg_texts(data):
+    """Every text of an SVG's <text> elements (matplotlib writes them with svg.fonttype "none")."""
+    import xml.etree.ElementTree as ElementTree
+    root = ElementTree.fromstring(data)
+    return ["".join(element.itertext()) for element in root.iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_sgd_lab_writes_trajectories_and_a_figure(host, image_layer, work):
     out = f"{work}/sgd"
-    reports = run_ranks(host, f"{HVD} {python('sgd_lab.py', f'--out-dir {out} --width 640 --height 480')}", 2)
+    reports = run_ranks(host, f"{HVD} {python('sgd_lab.py', f'--out-dir {out} --width 800 --height 500')}", 2)
     lab = reports[0]
     expected = ["1 worker, gradient descent", "1 worker, SGD batch 32", "1 worker, SGD batch 8",
                 "1 worker, SGD batch 1", "Horovod, 2 workers x batch 8", "before Horovod, rank 0 of 2",
                 "before Horovod, rank 1 of 2", "broadcast only, rank 0 of 2", "broadcast only, rank 1 of 2"]
     assert lab["settings"] == expected and len(set(lab["colors"])) == len(expected)
+    assert lab["files"] == [f"{out}/sgd_trajectories.{kind}" for kind in ("json", "csv", "png", "svg")]
     assert lab["horovod_identical_on_all_ranks"] == 0.0
     assert lab["horovod_vs_1_worker_global_batch"] < 1e-9, "averaged gradients == 1 worker with the global batch"
     assert reports[1]["final_horovod"] == lab["final"]["Horovod, 2 workers x batch 8"]
+    assert reports[1]["files"] == [], "rank 0 alone writes"
     document = json.loads(host.file(f"{out}/sgd_trajectories.json").content_string)
     least_squares_loss = None
     for setting in document["settings"]:
@@ -398,15 +392,22 @@ def test_sgd_lab_writes_trajectories_and_a_png(host, image_layer, work):
     csv_lines = host.file(f"{out}/sgd_trajectories.csv").content_string.strip().splitlines()
     assert csv_lines[0] == "setting,color,step,m,n,loss" and len(csv_lines) == 1 + 151 * len(expected)
 
-    width, height, rows = read_png(host.file(f"{out}/sgd_trajectories.png").content)
-    assert (width, height) == (640, 480)
-    counts = {}
-    for row in rows:
-        for pixel in row:
-            counts[pixel] = counts.get(pixel, 0) + 1
-    for label, colour in zip(lab["settings"], lab["colors"]):
-        rgb = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
-        assert counts.get(rgb, 0) >= 60, f"trajectory '{label}' ({colour}) is not drawn: {counts.get(rgb, 0)} px"
+    # The PNG: its header, image data that inflates to the header's size, and matplotlib's "Software" text.
+    chunks = png_chunks(host.file(f"{out}/sgd_trajectories.png").content)
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"][0])
+    assert (width, height, depth, interlace) == (800, 500, 8, 0)
+    channels = {2: 3, 6: 4}[colour]  # RGB or RGBA
+    assert len(zlib.decompress(b"".join(chunks[b"IDAT"]))) == height * (1 + width * channels)
+    texts = dict(body.split(b"\0", 1) for body in chunks.get(b"tEXt", []))
+    assert texts.get(b"Software", b"").decode("latin-1").startswith(
+        f"Matplotlib version{CONFIG.versions['matplotlib']}"), texts
+    # The SVG: the legend names every setting (batch sizes, 1 vs 2 workers) and the minimum; axes carry units.
+    labels = svg_texts(host.file(f"{out}/sgd_trajectories.svg").content)
+    for label in expected:
+        assert label in labels, (label, labels)
+    assert any(text.startswith("least-squares minimum") for text in labels), labels
+    assert "slope m (units of y per unit of x)" in labels and "step (parameter updates)" in labels
+    assert any(text.startswith("SGD on y = m*x + n") for text in labels), "the title"
 
 
 # ---------------------------------------------------------------------------------------------------------------- #

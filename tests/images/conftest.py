@@ -53,7 +53,9 @@ def start_container(docker_client, image_name, **kwargs):
         # The mounted scripts import tfhpc_runtime, which the app layer installs: here it is read from the mount.
         volumes = {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
         environment = {"PYTHONPATH": f"{SCRIPTS}/runtime"}
-    return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True,
+    # init: Docker's init as PID 1 reaps the processes that tests start in the background (TensorBoard), as a real
+    # container's entrypoint would; `sleep` as PID 1 would leave them as zombies.
+    return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True, init=True,
                                         volumes=volumes, environment=environment, **kwargs)
 
 

@@ -28,4 +28,5 @@ callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.Me
 if hvd.rank() == 0:
     callbacks.append(tf.keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=1))
 history = model.fit(x, y, batch_size=32, epochs=3, callbacks=callbacks, verbose=0)
-print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "losses": history.history["loss"]}), flush=True)
+losses = [float(v) for v in history.history["loss"]]
+print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "losses": losses}), flush=True)

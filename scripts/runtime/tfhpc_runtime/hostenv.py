@@ -1,0 +1,191 @@
+"""The image's environment against the host's: what a runtime lets in from the host (Apptainer, Charliecloud and
+enroot pass the caller's environment), and the bind model, a host MPI library used in place of the image's.
+
+Two jobs, one entry point (`prepare`), applied wherever a command of the image starts: the SIF's %environment
+(`python3 -m tfhpc_runtime.hostenv --sh`, evaluated by the shell) and tfhpc-entrypoint (Docker, Podman, enroot,
+Charliecloud: every tfhpc-NAME command).
+
+1. Host install variables (OPAL_PREFIX and the other install-directory overrides of Open MPI, PMIx and PRRTE, and
+   PYTHONHOME) describe the host's installation. Let in, they point the image's Open MPI at a directory that does not
+   exist in the container, and its opal_init fails. They are removed, and their names recorded in
+   TFHPC_HOST_ENV_REMOVED; TFHPC_KEEP_HOST_ENV=1 keeps them.
+2. TFHPC_HOST_MPI=<prefix> (a directory the runtime mounts into the container) puts that MPI's library first on
+   LD_LIBRARY_PATH, after checking that it has the image's ABI: MPICH images need `libmpi.so.12` (the MPICH ABI:
+   MPICH, Intel MPI, Cray MPICH, MVAPICH), Open MPI images `libmpi.so.40`. The MPICH images' mpi4py and Horovod
+   link Debian's soname `libmpich.so.12`, which no other MPICH-ABI library carries, so a private directory with a
+   `libmpich.so.12` alias of the host's `libmpi.so.12` goes first. In that mode host install variables are kept
+   (they are the host MPI's), and OPAL_PREFIX defaults to the prefix for an Open MPI. A prefix that is missing or of
+   the wrong ABI is one line (HostMPIError) and a non-zero exit, never the image's MPI kept silently.
+"""
+import hashlib
+import os
+import re
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from .cli import fail
+
+KEEP_VARIABLE = "TFHPC_KEEP_HOST_ENV"
+HOST_MPI_VARIABLE = "TFHPC_HOST_MPI"
+REMOVED_VARIABLE = "TFHPC_HOST_ENV_REMOVED"     # what was removed, for the doctor
+LIBDIR_VARIABLE = "TFHPC_HOST_MPI_LIBDIR"       # the host library directory put first, for the doctor
+
+# Install-directory overrides read by Open MPI (opal installdirs "env" component), OpenPMIx (pinstalldirs; the prefix
+# is PMIX_INSTALL_PREFIX, PMIX_PREFIX in old releases) and PRRTE (prteinstalldirs). Not PMIx's run-time variables
+# (PMIX_NAMESPACE, PMIX_SERVER_TMPDIR, ...): the launcher sets those for the ranks.
+_INSTALL_DIRS = ("EXEC_PREFIX", "BINDIR", "SBINDIR", "LIBEXECDIR", "DATAROOTDIR", "DATADIR", "SYSCONFDIR",
+                 "SHAREDSTATEDIR", "LOCALSTATEDIR", "LIBDIR", "INCLUDEDIR", "INFODIR", "MANDIR", "PKGDATADIR",
+                 "PKGLIBDIR", "PKGINCLUDEDIR")
+HOST_INSTALL_VARIABLES = ("OPAL_PREFIX", "PMIX_INSTALL_PREFIX", "PMIX_PREFIX", "PRTE_PREFIX",
+                          *(f"{family}_{name}" for family in ("OPAL", "PMIX", "PRTE") for name in _INSTALL_DIRS),
+                          "PYTHONHOME")
+# The SIF's %environment runs Python only when a variable matching this is set (recipes/app.def.in has the same
+# expression; a unit test holds them together). Looser than the list: Python removes exact names only.
+TRIGGER = r"^(TFHPC_HOST_MPI|PYTHONHOME|OPAL_[A-Z_]*|PMIX_[A-Z_]*(PREFIX|DIR)|PRTE_[A-Z_]*(PREFIX|DIR))="
+
+# The MPI library sonames of the two ABI families, and what each image's bindings link.
+ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
+IMAGE_SONAMES = {"mpich": "libmpich.so.12", "openmpi": "libmpi.so.40"}
+FAMILY_NAMES = {"mpich": "MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
+LIBRARY_SUBDIRS = ("lib", "lib64", "lib/release", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
+SYSTEM_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/*-linux-gnu")
+
+
+class HostMPIError(Exception):
+    """TFHPC_HOST_MPI cannot be honoured; the message (one line) names the problem and the fix."""
+
+
+def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS):
+    """'mpich' or 'openmpi': which MPI the image's bindings link (by the library the image carries), or None."""
+    import glob
+    for family in ("mpich", "openmpi"):
+        for pattern in system_dirs:
+            if any(Path(d, IMAGE_SONAMES[family]).exists() for d in glob.glob(pattern)):
+                return family
+    return None
+
+
+def check_prefix(prefix):
+    """HostMPIError unless `prefix` is an absolute path to a directory (as mounted in the container)."""
+    variable = f"{HOST_MPI_VARIABLE}={prefix}"
+    if not Path(prefix).is_absolute():
+        raise HostMPIError(f"{variable} is not an absolute path: give the MPI installation's prefix as mounted in the "
+                           "container (e.g. /opt/cray/pe/mpich/8.1.28/ofi/gnu/12.3)")
+    if not Path(prefix).is_dir():
+        raise HostMPIError(f"{variable}: no such directory in the container: mount the host MPI at that path "
+                           f"(apptainer exec -B {prefix} ..., docker run -v {prefix}:{prefix}:ro ...)")
+
+
+def host_library_dir(prefix, family):
+    """The directory under `prefix` holding the MPI library of `family`'s ABI; HostMPIError when there is none,
+    naming what is there instead (another ABI's library, or nothing)."""
+    check_prefix(prefix)
+    root = Path(prefix)
+    variable = f"{HOST_MPI_VARIABLE}={prefix}"
+    wanted = ABI_SONAMES[family]
+    found_other = None
+    for sub in LIBRARY_SUBDIRS:
+        directory = root / sub
+        if (directory / wanted).exists():
+            return directory
+        for other, soname in ABI_SONAMES.items():
+            if other != family and found_other is None and (directory / soname).exists():
+                found_other = (other, directory / soname)
+    if found_other:
+        other, path = found_other
+        raise HostMPIError(f"{variable} has {path} ({FAMILY_NAMES[other]}), but this image's MPI is "
+                           f"{FAMILY_NAMES[family]}, whose library is {wanted}: use the {other} image "
+                           f"(MPI={other}) or a host MPI of the {FAMILY_NAMES[family]} family")
+    raise HostMPIError(f"{variable} has no {wanted} in {', '.join(LIBRARY_SUBDIRS)}: give the prefix of an "
+                       f"{FAMILY_NAMES[family]} installation (the directory above its lib/)")
+
+
+def alias_directory(library_dir, base=None):
+    """A private directory with `libmpich.so.12` -> the host's `libmpi.so.12`, created once per host library and
+    user, without races between ranks that start together (symlink to a temporary name, then rename)."""
+    base = Path(base or tempfile.gettempdir())
+    digest = hashlib.sha256(str(library_dir).encode()).hexdigest()[:12]
+    directory = base / f"tfhpc-hostmpi-{os.getuid()}-{digest}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.is_symlink() or directory.stat().st_uid != os.getuid():
+        raise HostMPIError(f"{directory} belongs to another user: set TMPDIR to a private directory")
+    link = directory / IMAGE_SONAMES["mpich"]
+    target = Path(library_dir) / ABI_SONAMES["mpich"]
+    if not (link.is_symlink() and os.readlink(link) == str(target)):
+        temporary = directory / f".{link.name}.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(target)
+        os.replace(temporary, link)
+    return directory
+
+
+def _prepend_path(value, *entries):
+    parts = [p for p in (value or "").split(":") if p]
+    new = [str(e) for e in entries]
+    return ":".join(new + [p for p in parts if p not in new])
+
+
+def prepare(environ, family=None, alias_base=None):
+    """The changes to make to `environ` (a mapping) before a command of the image runs: {name: value or None for
+    unset}. Raises HostMPIError for a TFHPC_HOST_MPI that cannot be honoured."""
+    changes = {}
+    prefix = environ.get(HOST_MPI_VARIABLE, "")
+    keep = environ.get(KEEP_VARIABLE, "") not in ("", "0") or bool(prefix)
+    if not keep:
+        removed = [name for name in HOST_INSTALL_VARIABLES if name in environ]
+        if removed:
+            changes.update({name: None for name in removed})
+            earlier = [n for n in environ.get(REMOVED_VARIABLE, "").split(",") if n]
+            changes[REMOVED_VARIABLE] = ",".join(dict.fromkeys(earlier + removed))
+    if not prefix:
+        return changes
+    check_prefix(prefix)
+    family = family or image_mpi_family()
+    if family is None:
+        raise HostMPIError(f"{HOST_MPI_VARIABLE} is set, but this image carries neither libmpich.so.12 nor "
+                           "libmpi.so.40: it has no MPI to replace")
+    library_dir = host_library_dir(prefix, family)
+    entries = [library_dir]
+    if family == "mpich":
+        entries.insert(0, alias_directory(library_dir, alias_base))
+    elif not environ.get("OPAL_PREFIX"):
+        changes["OPAL_PREFIX"] = prefix   # a relocated Open MPI (a wheel, a moved tree) finds its files by it
+    changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), *entries)
+    changes[LIBDIR_VARIABLE] = str(library_dir)
+    return changes
+
+
+def apply(environ=None, **options):
+    """prepare() applied to `environ` (default: os.environ), in place; returns the changes."""
+    environ = os.environ if environ is None else environ
+    changes = prepare(environ, **options)
+    for name, value in changes.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    return changes
+
+
+def shell_lines(changes):
+    """The changes as POSIX shell commands, for `eval` in the SIF's %environment."""
+    return "\n".join(f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"
+                     for name, value in changes.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))
+
+
+def main(argv):
+    if argv != ["--sh"]:
+        print("usage: python3 -m tfhpc_runtime.hostenv --sh   (prints the shell commands to evaluate)",
+              file=sys.stderr)
+        return 2
+    try:
+        print(shell_lines(prepare(os.environ)))
+    except HostMPIError as error:
+        fail(str(error))  # every rank stops, rank 0 says why
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""The image's environment against the host's (tfhpc_runtime.hostenv): host install variables removed, the bind
+model's TFHPC_HOST_MPI checked and applied, and the SIF's %environment in step with the module (run under sh)."""
+import os
+import re
+import subprocess
+
+import pytest
+
+from tfhpc import REPO_ROOT
+from tfhpc_runtime import hostenv
+
+
+def fake_mpi(root, *sonames, sub="lib"):
+    directory = root / sub
+    directory.mkdir(parents=True)
+    for soname in sonames:
+        (directory / soname).write_bytes(b"\x7fELF")
+    return directory
+
+
+# ------------------------------------------------------------------------------------------------------------------ #
+# Host install variables
+
+
+def test_host_install_variables_are_removed_and_recorded():
+    environ = {"OPAL_PREFIX": "/opt/hpcx/ompi", "PMIX_INSTALL_PREFIX": "/opt/hpcx/ompi", "OPAL_LIBDIR": "/x",
+               "PRTE_PREFIX": "/y", "PYTHONHOME": "/z", "PMIX_NAMESPACE": "job@1", "PMIX_SERVER_TMPDIR": "/tmp/p",
+               "OMPI_MCA_btl_tcp_if_include": "eth0", "PATH": "/usr/bin"}
+    changes = hostenv.apply(environ)
+    assert set(environ) == {"PMIX_NAMESPACE", "PMIX_SERVER_TMPDIR", "OMPI_MCA_btl_tcp_if_include", "PATH",
+                            hostenv.REMOVED_VARIABLE}
+    assert environ[hostenv.REMOVED_VARIABLE].split(",") == ["OPAL_PREFIX", "PMIX_INSTALL_PREFIX", "PRTE_PREFIX",
+                                                           "OPAL_LIBDIR", "PYTHONHOME"]
+    assert changes["OPAL_PREFIX"] is None
+    assert hostenv.apply(environ) == {}  # idempotent: the SIF's %environment, then the entrypoint
+
+
+def test_keep_variable_keeps_them():
+    environ = {"OPAL_PREFIX": "/opt/ompi", hostenv.KEEP_VARIABLE: "1"}
+    assert hostenv.apply(environ) == {} and environ["OPAL_PREFIX"] == "/opt/ompi"
+    environ = {"OPAL_PREFIX": "/opt/ompi", hostenv.KEEP_VARIABLE: "0"}
+    hostenv.apply(environ)
+    assert "OPAL_PREFIX" not in environ
+
+
+def test_every_host_install_variable_triggers_the_sif_environment():
+    definition = (REPO_ROOT / "recipes" / "app.def.in").read_text()
+    environment = definition.split("\n%environment\n", 1)[1].split("\n%", 1)[0]
+    trigger = re.search(r"tfhpc_trigger='([^']+)'", environment).group(1)
+    assert trigger == hostenv.TRIGGER
+    for name in (*hostenv.HOST_INSTALL_VARIABLES, hostenv.HOST_MPI_VARIABLE):
+        assert re.search(trigger, f"{name}=/x"), name
+    for name in ("PMIX_NAMESPACE", "PMIX_RANK", "PMIX_SERVER_URI41", "OMPI_COMM_WORLD_SIZE", "PATH", "PRTE_LAUNCHED"):
+        assert not re.search(trigger, f"{name}=1"), name
+
+
+def run_sif_environment(tmp_path, environ):
+    """The %environment section under sh, with `python3` running the module from the source tree."""
+    definition = (REPO_ROOT / "recipes" / "app.def.in").read_text()
+    environment = definition.split("\n%environment\n", 1)[1].split("\n%", 1)[0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    runtime = REPO_ROOT / "scripts" / "runtime"
+    stub.write_text(f"#!/bin/sh\nshift\nexec env PYTHONPATH={runtime} {os.sys.executable} \"$@\"\n")
+    stub.chmod(0o755)
+    script = environment + "\nenv\n"
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp_path), **environ})
+
+
+def test_sif_environment_removes_opal_prefix(tmp_path):
+    done = run_sif_environment(tmp_path, {"OPAL_PREFIX": "/host/ompi", "PMIX_RANK": "0"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "PMIX_RANK=0" in lines and f"{hostenv.REMOVED_VARIABLE}=OPAL_PREFIX" in lines
+    assert not [line for line in lines if line.startswith(("OPAL_PREFIX=", "tfhpc_"))]
+
+
+def test_sif_environment_stops_in_one_line_on_a_bad_prefix(tmp_path):
+    done = run_sif_environment(tmp_path, {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "absent")})
+    assert done.returncode == 2 and "SIF" not in done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and "no such directory" in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------------ #
+# TFHPC_HOST_MPI
+
+
+def test_mpich_image_gets_a_libmpich_alias_first(tmp_path):
+    libdir = fake_mpi(tmp_path / "impi", "libmpi.so.12", "libmpi_abi.so")
+    environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "impi"), "LD_LIBRARY_PATH": "/.singularity.d/libs",
+               "OPAL_PREFIX": "/host/site"}
+    changes = hostenv.apply(environ, family="mpich", alias_base=tmp_path)
+    alias_dir, first, rest = environ["LD_LIBRARY_PATH"].split(":")
+    assert first == str(libdir) and rest == "/.singularity.d/libs"
+    assert os.readlink(os.path.join(alias_dir, "libmpich.so.12")) == str(libdir / "libmpi.so.12")
+    assert environ["OPAL_PREFIX"] == "/host/site"  # host-MPI mode keeps the host's variables
+    assert changes[hostenv.LIBDIR_VARIABLE] == str(libdir)
+    again = dict(environ)
+    hostenv.apply(again, family="mpich", alias_base=tmp_path)
+    assert again["LD_LIBRARY_PATH"] == environ["LD_LIBRARY_PATH"]  # no duplicates when applied twice
+
+
+def test_alias_is_replaced_when_the_host_library_moves(tmp_path):
+    first = fake_mpi(tmp_path / "a", "libmpi.so.12")
+    alias = hostenv.alias_directory(first, tmp_path)
+    link = alias / "libmpich.so.12"
+    link.unlink()
+    link.symlink_to("/elsewhere/libmpi.so.12")
+    assert hostenv.alias_directory(first, tmp_path) == alias
+    assert os.readlink(link) == str(first / "libmpi.so.12")
+
+
+def test_openmpi_image_takes_a_host_open_mpi_and_its_prefix(tmp_path):
+    libdir = fake_mpi(tmp_path / "ompi5", "libmpi.so.40")
+    environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "ompi5")}
+    hostenv.apply(environ, family="openmpi", alias_base=tmp_path)
+    assert environ["LD_LIBRARY_PATH"] == str(libdir)
+    assert environ["OPAL_PREFIX"] == str(tmp_path / "ompi5")
+
+
+@pytest.mark.parametrize("family, present, words", [
+    ("mpich", "libmpi.so.40", ["Open MPI", "libmpi.so.40", "MPI=openmpi", "libmpi.so.12"]),
+    ("openmpi", "libmpi.so.12", ["MPICH ABI", "MPI=mpich"]),
+])
+def test_a_library_of_the_other_abi_is_refused_in_one_line(tmp_path, family, present, words):
+    fake_mpi(tmp_path / "host", present, sub="lib64")
+    with pytest.raises(hostenv.HostMPIError) as error:
+        hostenv.prepare({hostenv.HOST_MPI_VARIABLE: str(tmp_path / "host")}, family=family, alias_base=tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and all(word in message for word in words), message
+
+
+@pytest.mark.parametrize("prefix, words", [("relative/mpich", ["absolute"]),
+                                           ("/nonexistent/mpich", ["no such directory", "-B /nonexistent/mpich"])])
+def test_a_missing_prefix_is_refused_with_the_mount_to_add(prefix, words):
+    with pytest.raises(hostenv.HostMPIError) as error:
+        hostenv.prepare({hostenv.HOST_MPI_VARIABLE: prefix}, family="mpich")
+    assert all(word in str(error.value) for word in words)
+
+
+def test_a_prefix_without_any_mpi_library_is_refused(tmp_path):
+    (tmp_path / "lib").mkdir()
+    with pytest.raises(hostenv.HostMPIError, match="has no libmpi.so.12"):
+        hostenv.prepare({hostenv.HOST_MPI_VARIABLE: str(tmp_path)}, family="mpich")
+
+
+def test_image_family_from_the_library_it_carries(tmp_path):
+    fake_mpi(tmp_path, "libmpich.so.12", sub="usr/lib/x86_64-linux-gnu")
+    assert hostenv.image_mpi_family([f"{tmp_path}/usr/lib/*-linux-gnu"]) == "mpich"
+    assert hostenv.image_mpi_family([f"{tmp_path}/nothing"]) is None
+
+
+def test_shell_lines_quote_values():
+    text = hostenv.shell_lines({"OPAL_PREFIX": None, "LD_LIBRARY_PATH": "/a b:/c'd"})
+    done = subprocess.run(["sh", "-c", f"OPAL_PREFIX=x; {text}; echo \"[$LD_LIBRARY_PATH][${{OPAL_PREFIX-unset}}]\""],
+                          capture_output=True, text=True)
+    assert done.stdout.strip() == "[/a b:/c'd][unset]"

@@ -21,9 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tfhpc_runtime import fabric, hostenv
 from tfhpc_runtime.cluster import PROXY_VARIABLES, ipv4_address, slurm_port_base, tf_config_problem
 from tfhpc_runtime.files import atomic_write_bytes
 from tfhpc_runtime.gpu import driver_cuda_version, nccl_version
+from tfhpc_runtime.mpilib import pmix_version
 from tfhpc_runtime.versions import installed_versions
 
 OK, INFO, WARN, FAIL = "ok", "info", "warn", "fail"
@@ -54,8 +56,24 @@ result.update(hvd_mpi_built=bool(hvd.mpi_built()), hvd_gloo_built=bool(hvd.gloo_
 hvd.init()
 result.update(hvd_size=hvd.size(), hvd_rank=hvd.rank(), hvd_local_size=hvd.local_size(),
               hvd_controller="mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "none")
+# What this rank loaded once MPI is up: the MPI, PMIx and transport libraries (components load in MPI_Init).
+from tfhpc_runtime import mpilib
+result["loaded"] = mpilib.probe_after_init()
 print("DOCTOR-PROBE " + json.dumps(result), flush=True)
 """
+
+# Runs in a child before anything else: which MPI library this rank's mpi4py loads and what it says it is, without
+# MPI_Init (so also when no launcher can wire MPI up).
+MPI_LIBRARY_PROBE = r"""
+import json, mpi4py
+mpi4py.rc.initialize = False
+from mpi4py import MPI
+from tfhpc_runtime import mpilib
+view = mpilib.loaded_view(mpilib.mapped_files(open("/proc/self/maps").read()))
+print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": MPI.Get_library_version().strip()}), flush=True)
+"""
+# Where the image's PMIx library is (Debian 12: libpmix2's private directory; Debian 13: the multiarch directory).
+PMIX_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu/pmix2/lib/libpmix.so.2", "/usr/lib/*-linux-gnu/libpmix.so.2")
 
 
 class Report:
@@ -186,6 +204,9 @@ def check_launcher(report, launch, probe, probe_error):
         if launch["slurm_step"] and not any(k in os.environ for k in ("PMIX_RANK", "PMI_RANK")):
             fix = ("srun started the tasks without PMI for the image's MPI: use srun --mpi=pmix (Open MPI) or "
                    "--mpi=pmi2 (MPICH), matching `srun --mpi=list` (apptainer issue 5203)")
+        elif launch["launcher"] == "Open MPI mpirun" and foreign_open_mpi(report.facts.get("mpi_library")):
+            versions, fix = hybrid_mismatch(report.facts.get("mpi_library"))
+            detail += f"; {versions}"
         else:
             fix = ("launch the ranks with the MPI of the image (mpirun inside it, or horovodrun), or a host MPI "
                    "ABI-compatible with it; see horovod issue 2417")
@@ -193,6 +214,103 @@ def check_launcher(report, launch, probe, probe_error):
                    "(the size()==1 trap)", fix)
     else:
         report.add("launcher", "world size", OK, f"size {known[0]} everywhere: {detail}")
+
+
+def open_mpi_version(text):
+    """'4.1.4' from an MPI library version string such as 'Open MPI v4.1.4, package: ...', else None."""
+    import re
+    match = re.search(r"Open MPI v(\d+\.\d+\.\d+)", text or "")
+    return match.group(1) if match else None
+
+
+def foreign_open_mpi(mpi_library):
+    """True when this rank was started by an Open MPI mpirun of another release than the image's Open MPI: PRRTE's
+    mpirun (Open MPI 5 and later) announces its version in OMPI_VERSION, ORTE's (4.x) does not."""
+    image = open_mpi_version((mpi_library or {}).get("version"))
+    host = os.environ.get("OMPI_VERSION")
+    return bool(image) and (host != image if host else "PRTE_LAUNCHED" in os.environ)
+
+
+def hybrid_mismatch(mpi_library):
+    """(versions, fix) for a rank whose host mpirun cannot wire up the image's Open MPI (docs/sites.md, section
+    "Open MPI hybrid launch", has the measured matrix)."""
+    image = open_mpi_version((mpi_library or {}).get("version"))
+    image_pmix = next((v for v in map(pmix_version, sorted(sum((glob.glob(g) for g in PMIX_LIBRARY_GLOBS), [])))
+                       if v), None)
+    host = os.environ.get("OMPI_VERSION", "unknown")
+    runtime = "PRRTE" if "PRTE_LAUNCHED" in os.environ else "ORTE"
+    versions = (f"host mpirun: Open MPI {host} ({runtime}, PMIx {os.environ.get('PMIX_VERSION', 'unknown')}); "
+                f"image: Open MPI {image} (PMIx {image_pmix or 'unknown'})")
+    fix = (f"a host mpirun of Open MPI {image.rsplit('.', 1)[0]}.x starts this image's ranks; with another release "
+           "use srun --mpi=pmix, the image's own mpirun (apptainer exec IMAGE mpirun -np N ...), or the host's Open "
+           "MPI in the image: TFHPC_HOST_MPI=<its prefix> with that prefix mounted (docs/sites.md)")
+    return versions, fix
+
+
+def check_mpi_library(report, mpi_library, probe):
+    """Which MPI library this rank loaded, whether it is the host MPI that TFHPC_HOST_MPI asked for, and which host
+    install variables the image's environment removed."""
+    removed = os.environ.get(hostenv.REMOVED_VARIABLE)
+    if removed:
+        report.add("mpi", "host variables", INFO, f"removed host install variables {removed.replace(',', ', ')} "
+                   f"(they describe the host's MPI; {hostenv.KEEP_VARIABLE}=1 keeps them)")
+    leaked = [name for name in hostenv.HOST_INSTALL_VARIABLES if name in os.environ]
+    prefix = os.environ.get(hostenv.HOST_MPI_VARIABLE)
+    if leaked and not prefix:
+        report.add("mpi", "host variables", WARN, f"{', '.join(leaked)} set: they point the image's MPI and Python "
+                   "at the host's installation", f"unset {' '.join(leaked)} (the image's environment removes them "
+                   f"unless {hostenv.KEEP_VARIABLE}=1), or set {hostenv.HOST_MPI_VARIABLE} to use the host's MPI")
+    if not mpi_library:
+        report.add("mpi", "library", WARN, "mpi4py could not load an MPI library",
+                   "run the doctor inside the image (its python3 has mpi4py)")
+        return
+    paths = mpi_library.get("paths") or ["(none found in /proc/self/maps)"]
+    version = (mpi_library.get("version") or "").splitlines()[0].strip()
+    report.facts["mpi_library"] = mpi_library
+    detail = f"{', '.join(paths)}: {version}"
+    if prefix:
+        root = os.path.realpath(prefix)
+        libdir = os.environ.get(hostenv.LIBDIR_VARIABLE, "")
+        ours = [p for p in paths if p.startswith(root + os.sep) or libdir and p.startswith(libdir + os.sep)]
+        if ours:
+            report.add("mpi", "library", OK, f"host MPI from {hostenv.HOST_MPI_VARIABLE}={prefix}: {detail}")
+        else:
+            report.add("mpi", "library", FAIL, f"{hostenv.HOST_MPI_VARIABLE}={prefix}, but this rank loaded {detail}: "
+                       "the image's MPI, the swap did not happen",
+                       "start the command through the image's environment (apptainer exec/run of the SIF, a tfhpc-NAME "
+                       "command, or the Docker entrypoint) and keep LD_LIBRARY_PATH as it sets it")
+    else:
+        report.add("mpi", "library", OK, f"the image's MPI: {detail}")
+    loaded = probe.get("loaded") or {}
+    if loaded.get("transport"):
+        report.add("mpi", "transport", INFO, loaded["transport"])
+
+
+def check_fabric(report, probe):
+    """The libfabric providers this rank can use (fi_info, or libfabric itself, or its provider directory)."""
+    loaded = (probe.get("loaded") or {}).get("fabric", {})
+    library = fabric.find_libfabric([loaded.get("libfabric (OFI)")])
+    found = fabric.providers(library)
+    report.facts["fabric"] = found
+    names = found["providers"]
+    version = f"libfabric {found['version']} " if found.get("version") else ""
+    where = f"{version}{found['library'] or ''}".strip() or "no libfabric library"
+    detail = f"{', '.join(names) or 'no provider'} ({where}; from {found['source']})"
+    if found.get("error"):
+        detail += f"; {found['error']}"
+    wanted = os.environ.get("FI_PROVIDER", "")
+    cxi = glob.glob("/dev/cxi*")
+    if wanted and not wanted.startswith("^") and not set(wanted.split(",")) & set(names):
+        report.add("fabric", "providers", FAIL, f"FI_PROVIDER={wanted} but libfabric offers {detail}",
+                   "mount the host's libfabric with that provider over the image's (the site's CXI hook, or bind "
+                   "it and put its directory first on LD_LIBRARY_PATH), or unset FI_PROVIDER")
+    elif cxi and "cxi" not in names:
+        report.add("fabric", "providers", WARN, f"Slingshot device(s) {', '.join(cxi)} but no cxi provider: {detail}",
+                   "use the host's libfabric (CXI): the runtime's CXI hook, or bind the host's libfabric and put it "
+                   "first on LD_LIBRARY_PATH; MPI falls back to TCP otherwise")
+    else:
+        report.add("fabric", "providers", INFO if names else WARN, detail,
+                   "" if names else "install or mount a libfabric with providers for this network")
 
 
 def check_network(report):
@@ -339,13 +457,29 @@ def run_probe(timeout):
     return {}, f"exit {done.returncode}: {' / '.join((interesting or lines)[-3:])[:400]}"
 
 
+def run_mpi_library_probe(timeout=60):
+    """{'paths': [...], 'version': str} of the MPI library mpi4py loads in this environment, or None."""
+    try:
+        done = subprocess.run([sys.executable, "-c", MPI_LIBRARY_PROBE], capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in done.stdout.splitlines():
+        if line.startswith("DOCTOR-MPI "):
+            return json.loads(line[len("DOCTOR-MPI "):])
+    return None
+
+
 def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
     report = Report()
     launch = launcher_view()
+    mpi_library = run_mpi_library_probe()
     probe, probe_error = run_probe(timeout)
     check_runtime(report)
     check_gpus(report, probe)
+    check_mpi_library(report, mpi_library, probe)
     check_launcher(report, launch, probe, probe_error)
+    check_fabric(report, probe)
     check_network(report)
     if hosts:
         check_hosts(report, hosts)

@@ -1,0 +1,94 @@
+"""What a rank actually loaded: the MPI library, the PMIx library and the transport components, read from the
+process's own memory map (/proc/self/maps) after MPI_Init. The doctor's probe calls these; the parsing is pure and
+tested on the host (tests/unit/test_mpilib_fabric.py).
+
+The MPI library by path is the proof that a host MPI (TFHPC_HOST_MPI) replaced the image's: a library of the same
+name under /usr/lib means the swap did not happen, whatever LD_LIBRARY_PATH says.
+"""
+import ctypes
+import os
+import re
+from pathlib import Path
+
+MPI_LIBRARY = re.compile(r"^lib(mpi|mpich|mpi_abi)\.so(\.\d+)*$")
+PMIX_LIBRARY = re.compile(r"^libpmix\.so(\.\d+)*$")
+OMPI_COMPONENT = re.compile(r"^mca_(pml|btl|mtl|osc|coll)_(\w+)\.so$")
+FABRIC_LIBRARIES = {"libucp.so": "UCX", "libfabric.so": "libfabric (OFI)", "libpsm2.so": "PSM2",
+                    "libibverbs.so": "verbs", "libcxi.so": "CXI (Slingshot)"}
+FABRIC_PROVIDER = re.compile(r"^lib(\w+)-fi\.so$")
+
+
+def mapped_files(maps_text):
+    """The files mapped into a process, in first-seen order, from the text of /proc/PID/maps."""
+    files = {}
+    for line in maps_text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            files.setdefault(fields[5].strip(), None)
+    return list(files)
+
+
+def _soname_base(name):
+    return re.sub(r"(\.\d+)+$", "", name)
+
+
+def loaded_view(paths):
+    """{'mpi': [paths], 'pmix': [paths], 'components': {framework: [names]}, 'fabric': {what: path},
+    'providers': [libfabric DSO providers]} from a list of mapped files."""
+    view = {"mpi": [], "pmix": [], "components": {}, "fabric": {}, "providers": []}
+    for path in paths:
+        name = Path(path).name
+        if MPI_LIBRARY.match(name):
+            view["mpi"].append(path)
+        elif PMIX_LIBRARY.match(name):
+            view["pmix"].append(path)
+        elif (match := OMPI_COMPONENT.match(name)):
+            view["components"].setdefault(match.group(1), []).append(match.group(2))
+        elif (match := FABRIC_PROVIDER.match(name)):
+            view["providers"].append(match.group(1))
+        elif _soname_base(name) in FABRIC_LIBRARIES:
+            view["fabric"][FABRIC_LIBRARIES[_soname_base(name)]] = path
+    return view
+
+
+def describe_transport(view, environ=os.environ):
+    """One line: the transport the MPI library runs on, as far as the loaded files and the settings tell."""
+    parts = []
+    components = view["components"]
+    if components.get("pml"):
+        pml = components["pml"]
+        text = f"Open MPI pml {','.join(pml)}"
+        if "ob1" in pml and components.get("btl"):
+            text += f" over btl {','.join(components['btl'])}"
+        if components.get("mtl"):
+            text += f", mtl {','.join(components['mtl'])}"
+        parts.append(text)
+    if view["fabric"]:
+        parts.append("loaded " + ", ".join(f"{what} ({path})" for what, path in view["fabric"].items()))
+    if view["providers"]:
+        parts.append(f"libfabric provider libraries {','.join(view['providers'])}")
+    settings = [f"{name}={environ[name]}" for name in sorted(environ)
+                if re.match(r"^(OMPI_MCA_(pml|btl|mtl)|FI_PROVIDER|UCX_TLS|MPIR_CVAR_CH4_NETMOD|"
+                            r"MPIR_CVAR_OFI_USE_PROVIDER|I_MPI_OFI_PROVIDER|I_MPI_FABRICS)$", name)]
+    if settings:
+        parts.append("set: " + " ".join(settings))
+    return "; ".join(parts) or "not discoverable from the loaded libraries (MPI built without loadable components)"
+
+
+def pmix_version(path):
+    """PMIx_Get_version() of the PMIx library at `path` (already loaded by the MPI), or None."""
+    try:
+        library = ctypes.CDLL(path)
+        library.PMIx_Get_version.restype = ctypes.c_char_p
+        return library.PMIx_Get_version().decode(errors="replace")
+    except (OSError, AttributeError):
+        return None
+
+
+def probe_after_init():
+    """Called in a rank after MPI_Init: the loaded view of this process plus the PMIx version."""
+    view = loaded_view(mapped_files(Path("/proc/self/maps").read_text()))
+    view["mpi"] = [str(Path(p).resolve()) if Path(p).exists() else p for p in view["mpi"]]
+    view["pmix_version"] = pmix_version(view["pmix"][0]) if view["pmix"] else None
+    view["transport"] = describe_transport(view)
+    return view

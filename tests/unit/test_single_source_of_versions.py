@@ -28,6 +28,7 @@ def pins(manifest):
         found.update(v for k, v in os_table.items() if k.endswith("package_version"))
         found.add(os_table["python"])
     found.update(v for k, v in data.get("sif", {}).items() if k.endswith("version"))
+    found.update(data.get("site_mpi", {}).values())  # the host MPIs of the site-portability tests
     return found
 
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tfhpc import REPO_ROOT
-from tfhpc_runtime import gpu
+from tfhpc_runtime import gpu, hostenv
 
 
 @pytest.mark.parametrize("code, version", [(21903, "2.19.3"), (20907, "2.9.7"), (2708, "2.7.8"), (0, "none"),
@@ -22,3 +22,80 @@ def test_the_doctor_loads_without_a_framework_and_uses_the_package():
     spec.loader.exec_module(doctor)
     assert doctor.nccl_version is gpu.nccl_version
     assert not {"tensorflow", "horovod", "numpy"} & {name.split(".")[0] for name in set(sys.modules) - before}
+
+
+def load_doctor():
+    spec = importlib.util.spec_from_file_location("doctor_checks", REPO_ROOT / "scripts" / "doctor.py")
+    doctor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doctor)
+    return doctor
+
+
+IMAGE_OMPI = {"paths": ["/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"],
+              "version": "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022"}
+
+
+@pytest.mark.parametrize("environ, foreign", [({"OMPI_VERSION": "5.9.1", "PRTE_LAUNCHED": "1"}, True),
+                                              ({"OMPI_VERSION": "4.1.4"}, False),
+                                              ({"PRTE_LAUNCHED": "1"}, True),
+                                              ({}, False)])
+def test_a_foreign_open_mpi_launcher_is_recognised(monkeypatch, environ, foreign):
+    doctor = load_doctor()
+    for name in ("OMPI_VERSION", "PRTE_LAUNCHED", "PMIX_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert doctor.foreign_open_mpi(IMAGE_OMPI) is foreign
+
+
+def test_the_hybrid_mismatch_names_both_versions_and_the_fixes(monkeypatch):
+    doctor = load_doctor()
+    monkeypatch.setenv("OMPI_VERSION", "5.9.1")
+    monkeypatch.setenv("PRTE_LAUNCHED", "1")
+    monkeypatch.setenv("PMIX_VERSION", "5.9.1rc1")
+    versions, fix = doctor.hybrid_mismatch(IMAGE_OMPI)
+    assert versions.startswith("host mpirun: Open MPI 5.9.1 (PRRTE, PMIx 5.9.1rc1); image: Open MPI 4.1.4 (PMIx ")
+    assert all(word in fix for word in ("Open MPI 4.1.x", "srun --mpi=pmix", "mpirun -np N", "TFHPC_HOST_MPI"))
+
+
+def test_a_host_mpi_that_was_not_loaded_fails_the_check(monkeypatch, tmp_path):
+    doctor = load_doctor()
+    for name in hostenv.HOST_INSTALL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(hostenv.HOST_MPI_VARIABLE, str(tmp_path))
+    report = doctor.Report()
+    doctor.check_mpi_library(report, IMAGE_OMPI, {})
+    (check,) = report.checks
+    assert check["status"] == doctor.FAIL and "the swap did not happen" in check["detail"] and check["fix"]
+    swapped = {"paths": [f"{tmp_path}/lib/libmpi.so.40.40.1"], "version": "Open MPI v5.9.1, package: ..."}
+    report = doctor.Report()
+    doctor.check_mpi_library(report, swapped, {"loaded": {"transport": "Open MPI pml ob1 over btl sm,tcp"}})
+    assert [c["status"] for c in report.checks] == [doctor.OK, doctor.INFO]
+    assert report.checks[0]["detail"].startswith(f"host MPI from TFHPC_HOST_MPI={tmp_path}: ")
+
+
+def test_leaked_host_variables_are_flagged_and_removed_ones_reported(monkeypatch):
+    doctor = load_doctor()
+    monkeypatch.delenv(hostenv.HOST_MPI_VARIABLE, raising=False)
+    monkeypatch.setenv("OPAL_PREFIX", "/opt/site/openmpi")
+    monkeypatch.setenv(hostenv.REMOVED_VARIABLE, "PMIX_PREFIX")
+    report = doctor.Report()
+    doctor.check_mpi_library(report, IMAGE_OMPI, {})
+    assert [(c["status"], c["name"]) for c in report.checks] == [
+        (doctor.INFO, "host variables"), (doctor.WARN, "host variables"), (doctor.OK, "library")]
+    assert "unset OPAL_PREFIX" in report.checks[1]["fix"]
+
+
+@pytest.mark.parametrize("wanted, status", [("cxi", "fail"), ("tcp", "info"), ("^cxi", "info"), ("", "info")])
+def test_fabric_check_holds_fi_provider_against_the_providers_found(monkeypatch, wanted, status):
+    doctor = load_doctor()
+    monkeypatch.setattr(doctor.fabric, "providers", lambda library: {
+        "library": "/usr/lib/x86_64-linux-gnu/libfabric.so.1", "version": "1.17", "providers": ["tcp", "shm"],
+        "error": None, "source": "fi_getinfo of /usr/lib/x86_64-linux-gnu/libfabric.so.1"})
+    monkeypatch.setenv("FI_PROVIDER", wanted)
+    report = doctor.Report()
+    doctor.check_fabric(report, {})
+    (check,) = report.checks
+    assert check["status"] == status
+    assert "tcp, shm (libfabric 1.17 /usr/lib/x86_64-linux-gnu/libfabric.so.1; from fi_getinfo" in check["detail"]
+    assert bool(check["fix"]) is (status == "fail")

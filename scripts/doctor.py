@@ -16,6 +16,7 @@ import ctypes.util
 import glob
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -70,7 +71,8 @@ mpi4py.rc.initialize = False
 from mpi4py import MPI
 from tfhpc_runtime import mpilib
 view = mpilib.loaded_view(mpilib.mapped_files(open("/proc/self/maps").read()))
-print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": MPI.Get_library_version().strip()}), flush=True)
+version = MPI.Get_library_version().replace("\0", "").strip()
+print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": version}), flush=True)
 """
 # Where the image's PMIx library is (Debian 12: libpmix2's private directory; Debian 13: the multiarch directory).
 PMIX_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu/pmix2/lib/libpmix.so.2", "/usr/lib/*-linux-gnu/libpmix.so.2")
@@ -191,6 +193,11 @@ def check_launcher(report, launch, probe, probe_error):
         cause = ""
         if launch["slurm_step"] and not any(k in os.environ for k in ("PMIX_RANK", "PMI_RANK", "PMI_FD")):
             cause = f"srun started {launch['size']} task(s) without PMI (--mpi=none or a site default): "
+        if "libmpi_cxx" in probe_error and os.environ.get(hostenv.HOST_MPI_VARIABLE):
+            # Measured with Open MPI 5.0.x given to the Open MPI 4.1 image: mpi4py runs, Horovod cannot load.
+            fix = ("this image's Horovod links Open MPI 4.1's C++ bindings (libmpi_cxx.so.40), which the host's Open "
+                   f"MPI lacks: run Horovod on the image's Open MPI (no {hostenv.HOST_MPI_VARIABLE}; srun --mpi=pmix "
+                   "or the image's own mpirun)")
         report.add("launcher", "horovod init", FAIL, f"{cause}Horovod/MPI did not start: {probe_error}", fix)
         return
     sizes["horovod"] = probe.get("hvd_size")
@@ -218,7 +225,6 @@ def check_launcher(report, launch, probe, probe_error):
 
 def open_mpi_version(text):
     """'4.1.4' from an MPI library version string such as 'Open MPI v4.1.4, package: ...', else None."""
-    import re
     match = re.search(r"Open MPI v(\d+\.\d+\.\d+)", text or "")
     return match.group(1) if match else None
 
@@ -239,11 +245,12 @@ def hybrid_mismatch(mpi_library):
                        if v), None)
     host = os.environ.get("OMPI_VERSION", "unknown")
     runtime = "PRRTE" if "PRTE_LAUNCHED" in os.environ else "ORTE"
+    image_pmix = image_pmix.split(" (")[0] if image_pmix else "PMIx unknown"  # "OpenPMIx 4.2.2rc2 (PMIx Standard..."
     versions = (f"host mpirun: Open MPI {host} ({runtime}, PMIx {os.environ.get('PMIX_VERSION', 'unknown')}); "
-                f"image: Open MPI {image} (PMIx {image_pmix or 'unknown'})")
+                f"image: Open MPI {image} ({image_pmix})")
     fix = (f"a host mpirun of Open MPI {image.rsplit('.', 1)[0]}.x starts this image's ranks; with another release "
-           "use srun --mpi=pmix, the image's own mpirun (apptainer exec IMAGE mpirun -np N ...), or the host's Open "
-           "MPI in the image: TFHPC_HOST_MPI=<its prefix> with that prefix mounted (docs/sites.md)")
+           "use srun --mpi=pmix or the image's own mpirun (apptainer exec IMAGE mpirun -np N ...); mpi4py alone also "
+           "runs on the host's Open MPI: TFHPC_HOST_MPI=<its prefix>, mounted (docs/sites.md, Open MPI hybrid launch)")
     return versions, fix
 
 
@@ -254,7 +261,7 @@ def check_mpi_library(report, mpi_library, probe):
     if removed:
         report.add("mpi", "host variables", INFO, f"removed host install variables {removed.replace(',', ', ')} "
                    f"(they describe the host's MPI; {hostenv.KEEP_VARIABLE}=1 keeps them)")
-    leaked = [name for name in hostenv.HOST_INSTALL_VARIABLES if name in os.environ]
+    leaked = [name for name in hostenv.HOST_INSTALL_VARIABLES if os.environ.get(name)]
     prefix = os.environ.get(hostenv.HOST_MPI_VARIABLE)
     if leaked and not prefix:
         report.add("mpi", "host variables", WARN, f"{', '.join(leaked)} set: they point the image's MPI and Python "
@@ -452,7 +459,9 @@ def run_probe(timeout):
     for line in done.stdout.splitlines():
         if line.startswith("DOCTOR-PROBE "):
             return json.loads(line[len("DOCTOR-PROBE "):]), None
-    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    # TensorFlow's own log lines (absl: I0000/W0000 ..., which say "errors" about round-off) are not the cause.
+    lines = [line for line in (done.stderr + done.stdout).splitlines()
+             if line.strip() and not re.match(r"^([IWE]\d{4} |WARNING: All log messages)", line)]
     interesting = [line for line in lines if any(w in line.lower() for w in ("error", "abort", "pmi", "slurm"))]
     return {}, f"exit {done.returncode}: {' / '.join((interesting or lines)[-3:])[:400]}"
 

@@ -55,7 +55,8 @@ def test_the_hybrid_mismatch_names_both_versions_and_the_fixes(monkeypatch):
     monkeypatch.setenv("PMIX_VERSION", "5.9.1rc1")
     versions, fix = doctor.hybrid_mismatch(IMAGE_OMPI)
     assert versions.startswith("host mpirun: Open MPI 5.9.1 (PRRTE, PMIx 5.9.1rc1); image: Open MPI 4.1.4 (PMIx ")
-    assert all(word in fix for word in ("Open MPI 4.1.x", "srun --mpi=pmix", "mpirun -np N", "TFHPC_HOST_MPI"))
+    assert all(word in fix for word in ("Open MPI 4.1.x", "srun --mpi=pmix", "mpirun -np N", "TFHPC_HOST_MPI",
+                                        "mpi4py alone"))
 
 
 def test_a_host_mpi_that_was_not_loaded_fails_the_check(monkeypatch, tmp_path):
@@ -99,3 +100,14 @@ def test_fabric_check_holds_fi_provider_against_the_providers_found(monkeypatch,
     assert check["status"] == status
     assert "tcp, shm (libfabric 1.17 /usr/lib/x86_64-linux-gnu/libfabric.so.1; from fi_getinfo" in check["detail"]
     assert bool(check["fix"]) is (status == "fail")
+
+
+def test_the_probe_error_skips_tensorflow_log_lines(monkeypatch):
+    doctor = load_doctor()
+    stderr = ("I0000 00:00:1795523255.881770 116 port.cc:153] oneDNN custom operations are on ... round-off errors\n"
+              "tensorflow.python.framework.errors_impl.NotFoundError: /lib/x86_64-linux-gnu/libmpi_cxx.so.40: "
+              "undefined symbol: ompi_mpi_errors_throw_exceptions\n")
+    done = doctor.subprocess.CompletedProcess([], 1, stdout="", stderr=stderr)
+    monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: done)
+    probe, error = doctor.run_probe(10)
+    assert probe == {} and error.startswith("exit 1: tensorflow.python") and "oneDNN" not in error

@@ -1,14 +1,17 @@
 """The image's environment against the host's: what a runtime lets in from the host (Apptainer, Charliecloud and
 enroot pass the caller's environment), and the bind model, a host MPI library used in place of the image's.
 
-Two jobs, one entry point (`prepare`), applied wherever a command of the image starts: the SIF's %environment
-(`python3 -m tfhpc_runtime.hostenv --sh`, evaluated by the shell) and tfhpc-entrypoint (Docker, Podman, enroot,
-Charliecloud: every tfhpc-NAME command).
+Two jobs, one entry point (`prepare`), applied by tfhpc-entrypoint before any command of the image: every tfhpc-NAME
+command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's apps.
 
 1. Host install variables (OPAL_PREFIX and the other install-directory overrides of Open MPI, PMIx and PRRTE, and
    PYTHONHOME) describe the host's installation. Let in, they point the image's Open MPI at a directory that does not
-   exist in the container, and its opal_init fails. They are removed, and their names recorded in
-   TFHPC_HOST_ENV_REMOVED; TFHPC_KEEP_HOST_ENV=1 keeps them.
+   exist in the container, and its opal_init fails (measured: Open MPI 5's mpirun passes its own OPAL_PREFIX to the
+   ranks). They are removed, and their names recorded in TFHPC_HOST_ENV_REMOVED; TFHPC_KEEP_HOST_ENV=1 keeps them.
+   The SIF also empties them in %environment, for commands that `apptainer exec` starts directly: Apptainer
+   (1.4) hides host variables from %environment and adds them afterwards unless the image set them, so that is
+   an unconditional `export NAME=` of each (recipes/app.def.in; a unit test holds the list to this one), which
+   `apptainer exec --env NAME=value` overrides.
 2. TFHPC_HOST_MPI=<prefix> (a directory the runtime mounts into the container) puts that MPI's library first on
    LD_LIBRARY_PATH, after checking that it has the image's ABI: MPICH images need `libmpi.so.12` (the MPICH ABI:
    MPICH, Intel MPI, Cray MPICH, MVAPICH), Open MPI images `libmpi.so.40`. The MPICH images' mpi4py and Horovod
@@ -19,36 +22,27 @@ Charliecloud: every tfhpc-NAME command).
 """
 import hashlib
 import os
-import re
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 
-from .cli import fail
 
 KEEP_VARIABLE = "TFHPC_KEEP_HOST_ENV"
 HOST_MPI_VARIABLE = "TFHPC_HOST_MPI"
 REMOVED_VARIABLE = "TFHPC_HOST_ENV_REMOVED"     # what was removed, for the doctor
 LIBDIR_VARIABLE = "TFHPC_HOST_MPI_LIBDIR"       # the host library directory put first, for the doctor
 
-# Install-directory overrides read by Open MPI (opal installdirs "env" component), OpenPMIx (pinstalldirs; the prefix
-# is PMIX_INSTALL_PREFIX, PMIX_PREFIX in old releases) and PRRTE (prteinstalldirs). Not PMIx's run-time variables
-# (PMIX_NAMESPACE, PMIX_SERVER_TMPDIR, ...): the launcher sets those for the ranks.
-_INSTALL_DIRS = ("EXEC_PREFIX", "BINDIR", "SBINDIR", "LIBEXECDIR", "DATAROOTDIR", "DATADIR", "SYSCONFDIR",
-                 "SHAREDSTATEDIR", "LOCALSTATEDIR", "LIBDIR", "INCLUDEDIR", "INFODIR", "MANDIR", "PKGDATADIR",
-                 "PKGLIBDIR", "PKGINCLUDEDIR")
-HOST_INSTALL_VARIABLES = ("OPAL_PREFIX", "PMIX_INSTALL_PREFIX", "PMIX_PREFIX", "PRTE_PREFIX",
-                          *(f"{family}_{name}" for family in ("OPAL", "PMIX", "PRTE") for name in _INSTALL_DIRS),
-                          "PYTHONHOME")
-# The SIF's %environment runs Python only when a variable matching this is set (recipes/app.def.in has the same
-# expression; a unit test holds them together). Looser than the list: Python removes exact names only.
-TRIGGER = r"^(TFHPC_HOST_MPI|PYTHONHOME|OPAL_[A-Z_]*|PMIX_[A-Z_]*(PREFIX|DIR)|PRTE_[A-Z_]*(PREFIX|DIR))="
+# Install-directory overrides read by Open MPI (opal installdirs "env" component), OpenPMIx (pinstalldirs; its prefix is
+# PMIX_INSTALL_PREFIX, PMIX_PREFIX in old releases and as Open MPI 5's launcher passes it on) and PRRTE
+# (prteinstalldirs): the prefix and the directories searched at run time (programs, components, help and parameter
+# files). Not PMIx's run-time variables (PMIX_NAMESPACE, PMIX_SERVER_TMPDIR, ...): the launcher sets those.
+_INSTALL_DIRS = ("PREFIX", "EXEC_PREFIX", "BINDIR", "LIBDIR", "DATADIR", "SYSCONFDIR", "PKGDATADIR", "PKGLIBDIR")
+HOST_INSTALL_VARIABLES = (*(f"{family}_{name}" for family in ("OPAL", "PMIX", "PRTE") for name in _INSTALL_DIRS),
+                          "PMIX_INSTALL_PREFIX", "PYTHONHOME")
 
 # The MPI library sonames of the two ABI families, and what each image's bindings link.
 ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
 IMAGE_SONAMES = {"mpich": "libmpich.so.12", "openmpi": "libmpi.so.40"}
-FAMILY_NAMES = {"mpich": "MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
+FAMILY_NAMES = {"mpich": "the MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
 LIBRARY_SUBDIRS = ("lib", "lib64", "lib/release", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 SYSTEM_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/*-linux-gnu")
 
@@ -57,9 +51,12 @@ class HostMPIError(Exception):
     """TFHPC_HOST_MPI cannot be honoured; the message (one line) names the problem and the fix."""
 
 
-def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS):
-    """'mpich' or 'openmpi': which MPI the image's bindings link (by the library the image carries), or None."""
+def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS, environ=os.environ):
+    """'mpich' or 'openmpi': which MPI the image's bindings link (TFHPC_MPI, which the mpi layer sets, else the
+    library the image carries), or None."""
     import glob
+    if environ.get("TFHPC_MPI") in IMAGE_SONAMES:
+        return environ["TFHPC_MPI"]
     for family in ("mpich", "openmpi"):
         for pattern in system_dirs:
             if any(Path(d, IMAGE_SONAMES[family]).exists() for d in glob.glob(pattern)):
@@ -95,11 +92,11 @@ def host_library_dir(prefix, family):
                 found_other = (other, directory / soname)
     if found_other:
         other, path = found_other
-        raise HostMPIError(f"{variable} has {path} ({FAMILY_NAMES[other]}), but this image's MPI is "
-                           f"{FAMILY_NAMES[family]}, whose library is {wanted}: use the {other} image "
-                           f"(MPI={other}) or a host MPI of the {FAMILY_NAMES[family]} family")
-    raise HostMPIError(f"{variable} has no {wanted} in {', '.join(LIBRARY_SUBDIRS)}: give the prefix of an "
-                       f"{FAMILY_NAMES[family]} installation (the directory above its lib/)")
+        raise HostMPIError(f"{variable} has {path}, {FAMILY_NAMES[other]}, but this image's MPI is "
+                           f"{FAMILY_NAMES[family]}, library {wanted}: use the {other} image (MPI={other}), or a "
+                           f"host MPI of this image's family")
+    raise HostMPIError(f"{variable} has no {wanted} in {', '.join(LIBRARY_SUBDIRS)}: give the prefix (the directory "
+                       f"above lib/) of an MPI of {FAMILY_NAMES[family]}")
 
 
 def alias_directory(library_dir, base=None):
@@ -134,9 +131,10 @@ def prepare(environ, family=None, alias_base=None):
     prefix = environ.get(HOST_MPI_VARIABLE, "")
     keep = environ.get(KEEP_VARIABLE, "") not in ("", "0") or bool(prefix)
     if not keep:
-        removed = [name for name in HOST_INSTALL_VARIABLES if name in environ]
+        # Empty ones go too, unrecorded: the SIF's %environment leaves them so, and they mean nothing.
+        changes.update({name: None for name in HOST_INSTALL_VARIABLES if name in environ})
+        removed = [name for name in HOST_INSTALL_VARIABLES if environ.get(name)]
         if removed:
-            changes.update({name: None for name in removed})
             earlier = [n for n in environ.get(REMOVED_VARIABLE, "").split(",") if n]
             changes[REMOVED_VARIABLE] = ",".join(dict.fromkeys(earlier + removed))
     if not prefix:
@@ -167,25 +165,3 @@ def apply(environ=None, **options):
         else:
             environ[name] = value
     return changes
-
-
-def shell_lines(changes):
-    """The changes as POSIX shell commands, for `eval` in the SIF's %environment."""
-    return "\n".join(f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"
-                     for name, value in changes.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))
-
-
-def main(argv):
-    if argv != ["--sh"]:
-        print("usage: python3 -m tfhpc_runtime.hostenv --sh   (prints the shell commands to evaluate)",
-              file=sys.stderr)
-        return 2
-    try:
-        print(shell_lines(prepare(os.environ)))
-    except HostMPIError as error:
-        fail(str(error))  # every rank stops, rank 0 says why
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

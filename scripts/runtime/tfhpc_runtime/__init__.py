@@ -12,6 +12,9 @@
     metrics      thread configuration, bandwidth (busbw) and throughput statistics
     plot         the SGD lab's figure (matplotlib, imported when drawing)
     versions     installed component versions (info, doctor)
+    hostenv      the environment against the host's: host install variables removed, TFHPC_HOST_MPI (entrypoint)
+    mpilib       the MPI, PMIx and transport libraries a rank loaded (doctor)
+    fabric       the libfabric providers a rank can use (doctor)
 
 No module imports TensorFlow or Horovod: the scripts import them after their arguments are checked, and pass `tf`
 in. This file imports nothing, so that `import tfhpc_runtime.cli` stays fast.

@@ -81,11 +81,27 @@ def test_mpich_image_gets_a_libmpich_alias_first(tmp_path):
     alias_dir, first, rest = environ["LD_LIBRARY_PATH"].split(":")
     assert first == str(libdir) and rest == "/.singularity.d/libs"
     assert os.readlink(os.path.join(alias_dir, "libmpich.so.12")) == str(libdir / "libmpi.so.12")
+    assert os.readlink(os.path.join(alias_dir, "libmpi_abi.so")) == str(libdir / "libmpi_abi.so")  # mirrored
     assert environ["OPAL_PREFIX"] == "/host/site"  # host-MPI mode keeps the host's variables
     assert changes[hostenv.LIBDIR_VARIABLE] == str(libdir)
     again = dict(environ)
     hostenv.apply(again, family="mpich", alias_base=tmp_path)
     assert again["LD_LIBRARY_PATH"] == environ["LD_LIBRARY_PATH"]  # no duplicates when applied twice
+
+
+def test_the_mirror_resolves_origin_relative_directories(tmp_path):
+    libdir = fake_mpi(tmp_path / "mpich", "libmpi.so.12")
+    (libdir / "mpich").mkdir()
+    (libdir / "mpich" / "libfabric.so.1").write_text("")
+    alias = hostenv.alias_directory(libdir, tmp_path)
+    assert (alias / "mpich" / "libfabric.so.1").exists()  # $ORIGIN/mpich seen from the alias's directory
+    assert sorted(p.name for p in alias.iterdir()) == ["libmpi.so.12", "libmpich.so.12", "mpich"]
+
+
+def test_a_host_library_named_as_debian_names_it_is_used_as_is(tmp_path):
+    libdir = fake_mpi(tmp_path / "debian-mpich", "libmpi.so.12", "libmpich.so.12")
+    alias = hostenv.alias_directory(libdir, tmp_path)
+    assert os.readlink(alias / "libmpich.so.12") == str(libdir / "libmpich.so.12")
 
 
 def test_alias_is_replaced_when_the_host_library_moves(tmp_path):

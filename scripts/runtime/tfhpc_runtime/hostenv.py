@@ -99,22 +99,33 @@ def host_library_dir(prefix, family):
                        f"above lib/) of an MPI of {FAMILY_NAMES[family]}")
 
 
+def _link(link, target):
+    """`link` -> `target`, replaced atomically (symlink under a temporary name, then rename) unless already so."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    temporary = link.with_name(f".{link.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(target)
+    os.replace(temporary, link)
+
+
 def alias_directory(library_dir, base=None):
-    """A private directory with `libmpich.so.12` -> the host's `libmpi.so.12`, created once per host library and
-    user, without races between ranks that start together (symlink to a temporary name, then rename)."""
+    """A private directory mirroring the host's library directory (a symlink per entry) plus `libmpich.so.12` ->
+    its `libmpi.so.12`; created once per host library directory and user, without races between ranks that start
+    together. A mirror, not a lone alias: the dynamic loader takes $ORIGIN from the path it opened, the alias's, and
+    the host library's RUNPATH ($ORIGIN/mpich in PyPI's MPICH, for its own libfabric) must resolve there too
+    (measured: with a lone alias, the PyPI MPICH loaded the image's libfabric and failed on `FABRIC_1.9`)."""
     base = Path(base or tempfile.gettempdir())
     digest = hashlib.sha256(str(library_dir).encode()).hexdigest()[:12]
     directory = base / f"tfhpc-hostmpi-{os.getuid()}-{digest}"
     directory.mkdir(mode=0o700, exist_ok=True)
     if directory.is_symlink() or directory.stat().st_uid != os.getuid():
         raise HostMPIError(f"{directory} belongs to another user: set TMPDIR to a private directory")
-    link = directory / IMAGE_SONAMES["mpich"]
-    target = Path(library_dir) / ABI_SONAMES["mpich"]
-    if not (link.is_symlink() and os.readlink(link) == str(target)):
-        temporary = directory / f".{link.name}.{os.getpid()}"
-        temporary.unlink(missing_ok=True)
-        temporary.symlink_to(target)
-        os.replace(temporary, link)
+    entries = sorted(p.name for p in Path(library_dir).iterdir() if not p.name.startswith("."))
+    for name in entries:
+        _link(directory / name, Path(library_dir) / name)
+    if IMAGE_SONAMES["mpich"] not in entries:
+        _link(directory / IMAGE_SONAMES["mpich"], Path(library_dir) / ABI_SONAMES["mpich"])
     return directory
 
 

@@ -21,7 +21,7 @@ export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGIS
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf
+.PHONY: push pipelines lint sqsh edf site-images test-sites
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -62,8 +62,14 @@ bench: venv ## measure the built images and SIF side by side: build/bench/result
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show
 
-test: sif ## build images and SIF if needed, then run every test: tooling, each image (+ ancestors' tests), SIF
+test: sif site-images ## build images and SIFs if needed, then run every test: tooling, each image (+ ancestors' tests), SIF, sites
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+site-images: venv ## the MPICH stack's images and SIF, which tests/sites runs with host MPIs (MPICH, Intel MPI)
+	$(MAKE) sif MPI=mpich
+
+test-sites: sif site-images ## site tests only: host MPIs in the MPICH image (bind model), the Open MPI hybrid launch
+	$(PYTHON) -m pytest tests/sites $(PYTEST_ARGS)
 
 test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Gloo, MWMS) and a Slurm cluster
 	$(PYTHON) -m pytest tests/cluster $(PYTEST_ARGS)

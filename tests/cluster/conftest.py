@@ -2,7 +2,7 @@
 
 `image_cluster`: 2 nodes of the app image (+ sshd): mpirun/horovodrun across nodes, MWMS with TF_CONFIG.
 `slurm_cluster`: slurmctld + 2 slurmd nodes that run the SIF with apptainer, as a site does; jobs are the shipped
-Slurm scripts (scripts/slurm/). Clusters are removed after the module, also when a test fails; a failing test's
+Slurm scripts (scripts/slurm/). build/sif is /sif and the site MPIs (tests/site_mpi.py) are /opt/site-mpi on every node. Clusters are removed after the module, also when a test fails; a failing test's
 output ends with every node's log (the `cluster_report` hook below).
 """
 import os
@@ -12,6 +12,7 @@ import pytest
 
 
 from harness import Cluster, image_node_image, slurm_node_image
+from site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
 from tfhpc.apptainer import build_helper_image
 from tfhpc.common import resolve_ca_bundle
 from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
@@ -71,8 +72,9 @@ def slurm_cluster(sif, tmp_path_factory):
     services = {"ctl": ["munged", "slurmctld", "sshd"], **{n: ["munged", "slurmd", "sshd"] for n in NODES}}
     shared = tmp_path_factory.mktemp("slurm-jobs")  # job output, on every node as on a shared file system
     shared.chmod(0o777)
+    install_site_mpi("mpich")  # the host MPI of the bind-model job (test_slurm.py)
     volumes = {str(SIF_DIR): "/sif:ro", str(REPO_ROOT / "scripts" / "slurm"): "/jobs/scripts:ro",
-               str(shared): "/jobs/out"}
+               str(shared): "/jobs/out", str(SITE_MPI_DIR): f"{MOUNT}:ro"}
     cluster = started(Cluster.start(image, ["ctl", *NODES], services=services, volumes=volumes, apptainer=True,
                                     slurm="ctl"))
     try:

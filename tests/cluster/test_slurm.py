@@ -7,6 +7,9 @@ import re
 import pytest
 
 from conftest import NODES
+from site_mpi import in_containers, install_site_mpi
+from stack import CONFIG, LEAF, MANIFEST
+from tfhpc.sif import sif_path
 
 
 def results(output):
@@ -14,9 +17,9 @@ def results(output):
     return sorted(found, key=lambda r: r["rank"])
 
 
-def sbatch(cluster, sif, script, arguments="", options="", timeout=900):
+def sbatch(cluster, sif, script, arguments="", options="", timeout=900, environment=""):
     """Submit a job script as the user, wait for it; returns (job id, job state, exit status, output)."""
-    rc, out = cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} sbatch --parsable --wait {options} "
+    rc, out = cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} {environment} sbatch --parsable --wait {options} "
                                  f"--output=/jobs/out/%j.out /jobs/scripts/{script} {arguments}", timeout=timeout)
     match = re.search(r"^(\d+)", out, re.M)
     assert match, f"sbatch gave no job id:\n{out}"
@@ -100,7 +103,32 @@ def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cl
 
 
 @pytest.mark.parametrize("script", ["horovod-srun-pmix.sbatch", "mwms-slurm-resolver.sbatch", "command-srun-pmix.sbatch",
-                                    "horovod-srun-gloo.sbatch"])
+                                    "horovod-srun-gloo.sbatch", "horovod-host-mpi.sbatch"])
 def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
     rc, out = slurm_cluster.run("ctl", f"cd /tmp && bash /jobs/scripts/{script} 2>&1")
     assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out
+
+
+def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
+    """The Cray-style bind model: srun --mpi=pmi2 starts the MPICH image's ranks on PyPI's MPICH 5 (the host MPI),
+    which each rank loaded (the doctor), and Horovod's collectives are exact, float16 included."""
+    mpich = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich"), LEAF)
+    if not mpich.is_file():
+        pytest.fail(f"{mpich} is missing: run `make site-images` first")
+    prefix = in_containers(install_site_mpi("mpich"))
+    environment = f"TFHPC_HOST_MPI={prefix}"
+    job, state, rc, output = sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch",
+                                    "tfhpc-doctor --json", environment=environment)
+    assert (rc, state) == (0, "COMPLETED"), output
+    reports = [json.loads(line[line.index("{"):]) for line in output.splitlines() if '{"schema_version"' in line]
+    assert sorted(r["rank"] for r in reports) == [0, 1] and {r["host"] for r in reports} == set(NODES), output
+    for report in reports:
+        assert all(p.startswith(prefix + "/") for p in report["facts"]["mpi_library"]["paths"]), report["facts"]
+        assert report["facts"]["mpi_library"]["version"].startswith("MPICH Version:"), report["facts"]
+    job, state, rc, output = sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch",
+                                    "tfhpc-smoke-collectives --sizes 1,4096 --dtypes float32,float16,int32",
+                                    environment=environment)
+    found = results(output)
+    assert (rc, state) == (0, "COMPLETED"), output
+    assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)] and {r["host"] for r in found} == set(NODES)
+    assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"], output

@@ -153,3 +153,31 @@ def test_image_family_from_its_variable_or_the_library_it_carries(tmp_path):
     assert hostenv.image_mpi_family([f"{tmp_path}/usr/lib/*-linux-gnu"], environ={}) == "mpich"
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={}) is None
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={"TFHPC_MPI": "openmpi"}) == "openmpi"
+
+
+# ------------------------------------------------------------------------------------------------------------------ #
+# TFHPC_HOST_LIBS: host library directories (libfabric, libcxi, PMI) next on the library path
+
+
+def test_host_libs_follow_the_host_mpi(tmp_path):
+    libdir = fake_mpi(tmp_path / "mpich", "libmpi.so.12")
+    fabric = fake_mpi(tmp_path / "libfabric", "libfabric.so.1", sub="lib64")
+    environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "mpich"), hostenv.HOST_LIBS_VARIABLE: str(fabric),
+               "LD_LIBRARY_PATH": "/.singularity.d/libs"}
+    hostenv.apply(environ, family="mpich", alias_base=tmp_path)
+    assert environ["LD_LIBRARY_PATH"].split(":")[1:] == [str(libdir), str(fabric), "/.singularity.d/libs"]
+
+
+def test_host_libs_alone_go_first_for_the_images_mpi(tmp_path):
+    fabric = fake_mpi(tmp_path / "libfabric", "libfabric.so.1")
+    environ = {hostenv.HOST_LIBS_VARIABLE: f"{fabric}:", "LD_LIBRARY_PATH": "/usr/local/lib"}
+    hostenv.apply(environ, family="mpich")
+    assert environ["LD_LIBRARY_PATH"] == f"{fabric}:/usr/local/lib"
+
+
+@pytest.mark.parametrize("value", ["relative/lib", "/no/such/lib"])
+def test_a_host_libs_directory_that_is_not_there_is_refused(value):
+    with pytest.raises(hostenv.HostMPIError) as error:
+        hostenv.prepare({hostenv.HOST_LIBS_VARIABLE: value}, family="mpich")
+    message = str(error.value)
+    assert "\n" not in message and value in message and "-B" in message

@@ -19,6 +19,9 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
    `libmpich.so.12` alias of the host's `libmpi.so.12` goes first. In that mode host install variables are kept
    (they are the host MPI's), and OPAL_PREFIX defaults to the prefix for an Open MPI. A prefix that is missing or of
    the wrong ABI is one line (HostMPIError) and a non-zero exit, never the image's MPI kept silently.
+3. TFHPC_HOST_LIBS=<dir>[:<dir>...]: host library directories put next on LD_LIBRARY_PATH (after the host MPI's, if
+   any): what the host MPI needs from elsewhere (libfabric, libcxi, PMI), or, alone, a host libfabric in place of the
+   image's for the image's own MPI (the model of the CSCS Container Engine's CXI hook). Each must exist.
 """
 import hashlib
 import os
@@ -28,6 +31,7 @@ from pathlib import Path
 
 KEEP_VARIABLE = "TFHPC_KEEP_HOST_ENV"
 HOST_MPI_VARIABLE = "TFHPC_HOST_MPI"
+HOST_LIBS_VARIABLE = "TFHPC_HOST_LIBS"
 REMOVED_VARIABLE = "TFHPC_HOST_ENV_REMOVED"     # what was removed, for the doctor
 LIBDIR_VARIABLE = "TFHPC_HOST_MPI_LIBDIR"       # the host library directory put first, for the doctor
 
@@ -148,7 +152,14 @@ def prepare(environ, family=None, alias_base=None):
         if removed:
             earlier = [n for n in environ.get(REMOVED_VARIABLE, "").split(",") if n]
             changes[REMOVED_VARIABLE] = ",".join(dict.fromkeys(earlier + removed))
+    host_libs = [d for d in environ.get(HOST_LIBS_VARIABLE, "").split(":") if d]
+    for directory in host_libs:
+        if not Path(directory).is_absolute() or not Path(directory).is_dir():
+            raise HostMPIError(f"{HOST_LIBS_VARIABLE}: {directory} is not a directory in the container: mount it "
+                               f"(apptainer exec -B {directory} ..., docker run -v {directory}:{directory}:ro ...)")
     if not prefix:
+        if host_libs:
+            changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), *host_libs)
         return changes
     check_prefix(prefix)
     family = family or image_mpi_family()
@@ -161,7 +172,7 @@ def prepare(environ, family=None, alias_base=None):
         entries.insert(0, alias_directory(library_dir, alias_base))
     elif not environ.get("OPAL_PREFIX"):
         changes["OPAL_PREFIX"] = prefix   # a relocated Open MPI (a wheel, a moved tree) finds its files by it
-    changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), *entries)
+    changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), *entries, *host_libs)
     changes[LIBDIR_VARIABLE] = str(library_dir)
     return changes
 

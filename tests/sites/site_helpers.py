@@ -1,0 +1,27 @@
+"""What the site tests share: where the site MPIs are installed and mounted, the configurations, and the parsing of
+RESULT lines and doctor reports (tests/sites/conftest.py has the fixtures; docstring there)."""
+import json
+
+from stack import CONFIG, MANIFEST
+
+MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
+OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
+LEAF = MANIFEST.layers.leaf
+
+
+def results(output):
+    """The JSON of every `RESULT {...}` line, in order."""
+    return [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
+
+
+def doctor_reports(output):
+    """The JSON report of every rank that `tfhpc-doctor --json` printed, by rank."""
+    reports = [json.loads(line[line.index("{"):]) for line in output.splitlines() if '{"schema_version"' in line]
+    return {report["rank"]: report for report in reports}
+
+
+def check(report, section, name):
+    """The doctor's check `section`/`name` of one rank's report."""
+    found = [c for c in report["checks"] if c["section"] == section and c["name"] == name]
+    assert found, f"no check {section}/{name} in {[(c['section'], c['name']) for c in report['checks']]}"
+    return found[0]

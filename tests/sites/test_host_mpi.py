@@ -1,0 +1,131 @@
+"""The bind model: a host MPI of the MPICH ABI family in place of the MPICH image's own, as Cray-style sites run
+images (docs/sites.md, "Host MPI in the image"). Host MPIs: PyPI's MPICH 5 (`mpich`) and Intel MPI (`impi-rt`), at
+versions.toml's [site_mpi] pins, each launched by its own hydra `mpiexec`, with TFHPC_HOST_MPI=<prefix>:
+
+- in Docker: `docker run -e TFHPC_HOST_MPI=P -v P:P:ro IMAGE P/bin/mpiexec -n 2 CMD`;
+- from the SIF: `P/bin/mpiexec -n 2 apptainer run -B P --env TFHPC_HOST_MPI=P IMAGE.sif CMD` (the hybrid launch).
+
+Checked on every rank: the doctor names the host library as the one loaded (by path and MPI_Get_library_version);
+Horovod's collectives exact, float16 (a user-defined op on a derived datatype in Horovod's MPI path) included; 2-rank
+Keras training ends with equal weights on both ranks and a falling loss. Bad input: another ABI's library, a missing
+prefix: one line, non-zero exit, no rank left running.
+"""
+import shlex
+import subprocess
+
+import pytest
+
+from site_helpers import check, doctor_reports, results
+from site_mpi import MOUNT, SITE_MPI_DIR, in_containers
+from stack import expected_collectives
+
+HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
+SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
+SMOKE = f"tfhpc-smoke-collectives --sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}"
+TRAIN = ("tfhpc-train-hvd-fit --epochs 2 --train-samples 1000 --test-samples 200 --model mlp --verbose 0 "
+         "--intra-threads 1")
+
+
+def docker_run(image, prefix, command, timeout=300, environment=None):
+    """`command` (a list) in the MPICH image with the host MPI at `prefix` (a build/site-mpi directory)."""
+    env = {"TFHPC_HOST_MPI": in_containers(prefix), **(environment or {})}
+    argv = ["docker", "run", "--rm", "--label", "io.tfhpc.test-runtime=sites", "-v", f"{SITE_MPI_DIR}:{MOUNT}:ro",
+            *[a for k, v in env.items() for a in ("-e", f"{k}={v}")], image, *command]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return result.returncode, result.stdout + result.stderr
+
+
+def in_docker(image, prefix, command, **options):
+    return docker_run(image, prefix, [f"{in_containers(prefix)}/bin/mpiexec", "-n", "2", *shlex.split(command)],
+                      **options)
+
+
+def in_sif(helper, sif, prefix, command, timeout=300):
+    inside = in_containers(prefix)
+    return helper(f"{inside}/bin/mpiexec -n 2 apptainer run -B {MOUNT} --env TFHPC_HOST_MPI={inside} {sif} {command}",
+                  timeout=timeout)
+
+
+def check_host_library(output, prefix, banner):
+    reports = doctor_reports(output)
+    assert sorted(reports) == [0, 1], output[-3000:]
+    for report in reports.values():
+        library = check(report, "mpi", "library")
+        assert library["status"] == "ok", library
+        paths = report["facts"]["mpi_library"]["paths"]
+        assert paths and all(p.startswith(in_containers(prefix) + "/") for p in paths), paths
+        assert report["facts"]["mpi_library"]["version"].startswith(banner), report["facts"]["mpi_library"]
+        assert check(report, "launcher", "world size")["status"] == "ok"
+
+
+def check_collectives(output):
+    found = results(output)
+    assert len(found) == 2, output[-3000:]
+    expected = expected_collectives(2, SIZES, DTYPES)
+    for result in found:
+        assert result["size"] == 2 and not result["failures"], result
+        assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected
+
+
+def check_training(output):
+    found = results(output)
+    assert sorted(r["rank"] for r in found) == [0, 1], output[-3000:]
+    for result in found:
+        assert not result["failures"], result
+        assert result["max_weight_difference_across_ranks"] == 0.0, result
+        losses = result["losses"]
+        assert losses[-1] < losses[0], losses
+
+
+@pytest.fixture(scope="module", params=sorted(HOST_MPIS))
+def host_mpi(request, site_mpis):
+    return request.param, site_mpis[request.param]
+
+
+@pytest.mark.parametrize("where", ["docker", "sif"])
+def test_the_host_mpi_is_the_one_loaded(host_mpi, where, mpich_image, mpich_sif, helper):
+    name, prefix = host_mpi
+    if where == "docker":
+        rc, out = in_docker(mpich_image, prefix, "tfhpc-doctor --json")
+    else:
+        rc, out = in_sif(helper, mpich_sif, prefix, "tfhpc-doctor --json")
+    assert rc == 0, out[-3000:]
+    check_host_library(out, prefix, HOST_MPIS[name])
+
+
+@pytest.mark.parametrize("where", ["docker", "sif"])
+def test_horovod_collectives_are_exact_on_the_host_mpi(host_mpi, where, mpich_image, mpich_sif, helper):
+    name, prefix = host_mpi
+    if where == "docker":
+        rc, out = in_docker(mpich_image, prefix, SMOKE)
+    else:
+        rc, out = in_sif(helper, mpich_sif, prefix, SMOKE)
+    assert rc == 0, out[-3000:]
+    check_collectives(out)
+
+
+def test_keras_training_on_the_host_mpi(host_mpi, mpich_image):
+    name, prefix = host_mpi
+    rc, out = in_docker(mpich_image, prefix, TRAIN, timeout=600)
+    assert rc == 0, out[-3000:]
+    check_training(out)
+
+
+def test_another_abis_library_is_refused_in_one_line(mpich_image, site_mpis):
+    prefix = site_mpis["openmpi"]
+    rc, out = docker_run(mpich_image, prefix, ["tfhpc-smoke-collectives"], timeout=120)
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert rc != 0 and len(lines) == 1, out[-3000:]
+    assert "libmpi.so.40" in lines[0] and "MPI=openmpi" in lines[0], lines
+
+
+def test_a_missing_prefix_is_refused_in_one_line(mpich_image, site_mpis, helper, mpich_sif):
+    rc, out = docker_run(mpich_image, site_mpis["mpich"], ["tfhpc-smoke-collectives"], timeout=120,
+                         environment={"TFHPC_HOST_MPI": "/opt/cray/pe/mpich/8.1.28/ofi/gnu/12.3"})
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert rc != 0 and len(lines) == 1 and "no such directory" in lines[0], out[-3000:]
+    # Under the host's mpiexec: every rank stops, and the launcher returns (no rank left running).
+    inside = in_containers(site_mpis["mpich"])
+    rc, out = helper(f"{inside}/bin/mpiexec -n 2 apptainer run --env TFHPC_HOST_MPI=/nonexistent {mpich_sif} "
+                     "tfhpc-smoke-collectives", timeout=120)
+    assert rc not in (0, 124, 137) and "no such directory" in out, out[-3000:]

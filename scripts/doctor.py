@@ -451,9 +451,25 @@ def check_build(report, probe, probe_error):
         report.add("build", "horovod", OK, detail)
 
 
+def launcher_fds(environ=os.environ):
+    """File descriptors the launcher handed this rank, which the probe (a child) must inherit to wire MPI up: the PMI-1
+    socket of MPICH's and Intel MPI's hydra (PMI_FD); subprocess closes every other descriptor."""
+    fds = []
+    for name in ("PMI_FD",):
+        value = environ.get(name, "")
+        if value.isdigit():
+            try:
+                os.fstat(int(value))
+                fds.append(int(value))
+            except OSError:
+                pass
+    return tuple(fds)
+
+
 def run_probe(timeout):
     try:
-        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=timeout,
+                              pass_fds=launcher_fds())
     except subprocess.TimeoutExpired:
         return {}, f"no answer within {timeout} s (a rank waiting for peers that never came)"
     for line in done.stdout.splitlines():

@@ -2,10 +2,13 @@
 
 `image_cluster`: 2 nodes of the app image (+ sshd): mpirun/horovodrun across nodes, MWMS with TF_CONFIG.
 `slurm_cluster`: slurmctld + 2 slurmd nodes that run the SIF with apptainer, as a site does; jobs are the shipped
-Slurm scripts (scripts/slurm/). build/sif is /sif and the site MPIs (tests/site_mpi.py) are /opt/site-mpi on every node. Clusters are removed after the module, also when a test fails; a failing test's
+Slurm scripts (scripts/slurm/). build/sif is /sif, the site MPIs (tests/site_mpi.py) are /opt/site-mpi and the app
+image as a Charliecloud directory image is /ch/app on every node. Clusters are removed after the module, also when a test fails; a failing test's
 output ends with every node's log (the `cluster_report` hook below).
 """
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -66,7 +69,40 @@ def sif():
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(sif, tmp_path_factory):
+def ch_directory_image(tmp_path_factory):
+    """The app image as a Charliecloud directory image (the export archive plus /ch/environment, converted by the
+    host's ch-convert -i tar -o dir, as tests/runtimes does), for `srun ... ch-run` on the Slurm nodes."""
+    import tarfile
+    from tfhpc.dockerhost import client
+    for tool in ("ch-convert",):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} not found: install it with `apt-get install charliecloud` (Debian 12)")
+    work = tmp_path_factory.mktemp("charliecloud")
+    image = client().images.get(CONFIG.image(MANIFEST.layers.leaf))
+    archive = work / "app.tar"
+    container = client().containers.create(image.id)
+    try:
+        with archive.open("wb") as handle:
+            for chunk in container.export(chunk_size=1 << 20):
+                handle.write(chunk)
+    finally:
+        container.remove(force=True)
+    environment = work / "environment"
+    environment.write_text("".join(f"{line}\n" for line in image.attrs["Config"]["Env"]))
+    with tarfile.open(archive, "a") as tar:
+        tar.add(environment, arcname="ch/environment")
+    target = work / "app"
+    done = subprocess.run(["ch-convert", "--tmp", str(work), "-i", "tar", "-o", "dir", str(archive), str(target)],
+                          capture_output=True, text=True, timeout=900)
+    archive.unlink()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    work.chmod(0o755)
+    yield target
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(sif, ch_directory_image, tmp_path_factory):
     helper = build_helper_image(MANIFEST, CONFIG, os.environ.get("BASE_SOURCE") or "auto", CA_BUNDLE)
     image = slurm_node_image(MANIFEST, CONFIG, CA_BUNDLE, helper)
     services = {"ctl": ["munged", "slurmctld", "sshd"], **{n: ["munged", "slurmd", "sshd"] for n in NODES}}
@@ -74,7 +110,7 @@ def slurm_cluster(sif, tmp_path_factory):
     shared.chmod(0o777)
     install_site_mpi("mpich")  # the host MPI of the bind-model job (test_slurm.py)
     volumes = {str(SIF_DIR): "/sif:ro", str(REPO_ROOT / "scripts" / "slurm"): "/jobs/scripts:ro",
-               str(shared): "/jobs/out", str(SITE_MPI_DIR): f"{MOUNT}:ro"}
+               str(shared): "/jobs/out", str(SITE_MPI_DIR): f"{MOUNT}:ro", str(ch_directory_image): "/ch/app:ro"}
     cluster = started(Cluster.start(image, ["ctl", *NODES], services=services, volumes=volumes, apptainer=True,
                                     slurm="ctl"))
     try:

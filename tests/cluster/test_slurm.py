@@ -132,3 +132,15 @@ def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
     assert (rc, state) == (0, "COMPLETED"), output
     assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)] and {r["host"] for r in found} == set(NODES)
     assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"], output
+
+
+def test_srun_pmix_starts_charliecloud_ranks_on_two_nodes(slurm_cluster):
+    """Charliecloud across nodes: srun --mpi=pmix starts `ch-run` of the directory image on 2 nodes, unprivileged;
+    the image's Open MPI wires up from Slurm's PMIx as under apptainer (MPICH images: --mpi=pmi2)."""
+    pmi = "pmi2" if CONFIG.mpi == "mpich" else "pmix"
+    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && srun -N2 -n2 --mpi={pmi} ch-run --set-env /ch/app -- "
+                                       "tfhpc-smoke-collectives --sizes 1,4096 --dtypes float32,int32", timeout=600)
+    found = results(out)
+    assert rc == 0, out[-3000:]
+    assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)] and {r["host"] for r in found} == set(NODES)
+    assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"], out[-3000:]

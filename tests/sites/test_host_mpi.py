@@ -40,10 +40,10 @@ def in_docker(image, prefix, command, **options):
                       **options)
 
 
-def in_sif(helper, sif, prefix, command, timeout=300):
+def in_sif(helper, sif, prefix, command, timeout=300, environment=None):
     inside = in_containers(prefix)
-    return helper(f"{inside}/bin/mpiexec -n 2 apptainer run -B {MOUNT} --env TFHPC_HOST_MPI={inside} {sif} {command}",
-                  timeout=timeout)
+    env = ",".join(f"{k}={v}" for k, v in {"TFHPC_HOST_MPI": inside, **(environment or {})}.items())
+    return helper(f"{inside}/bin/mpiexec -n 2 apptainer run -B {MOUNT} --env {env} {sif} {command}", timeout=timeout)
 
 
 def check_host_library(output, prefix, banner):
@@ -109,6 +109,28 @@ def test_keras_training_on_the_host_mpi(host_mpi, mpich_image):
     rc, out = in_docker(mpich_image, prefix, TRAIN, timeout=600)
     assert rc == 0, out[-3000:]
     check_training(out)
+
+
+@pytest.mark.parametrize("where", ["docker", "sif"])
+def test_a_host_libfabric_replaces_the_images(where, site_mpis, mpich_image, mpich_sif, helper):
+    """The CXI-hook model: a host libfabric (here PyPI MPICH's libfabric 2.x, lib/mpich/) mounted and put first with
+    TFHPC_HOST_LIBS; Intel MPI over OFI (tcp provider) loads it, and Horovod's collectives stay exact."""
+    prefix, fabric = site_mpis["impi-rt"], in_containers(site_mpis["mpich"]) + "/lib/mpich"
+    environment = {"TFHPC_HOST_LIBS": fabric, "I_MPI_FABRICS": "ofi", "FI_PROVIDER": "tcp"}
+    for command, checks in (("tfhpc-doctor --json", "doctor"), (SMOKE, "collectives")):
+        if where == "docker":
+            rc, out = in_docker(mpich_image, prefix, command, environment=environment)
+        else:
+            rc, out = in_sif(helper, mpich_sif, prefix, command, environment=environment)
+        assert rc == 0, out[-3000:]
+        if checks == "collectives":
+            check_collectives(out)
+            continue
+        for report in doctor_reports(out).values():
+            transport = check(report, "mpi", "transport")["detail"]
+            assert f"libfabric (OFI) ({fabric}/libfabric.so.1" in transport, transport
+            providers = check(report, "fabric", "providers")
+            assert "tcp" in providers["detail"] and f"{fabric}/libfabric.so.1" in providers["detail"], providers
 
 
 def test_another_abis_library_is_refused_in_one_line(mpich_image, site_mpis):

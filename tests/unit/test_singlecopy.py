@@ -14,16 +14,50 @@ def test_the_probe_answers_without_leaving_processes():
 
 def test_refused_cma_switches_mpichs_path_off_once():
     environ = {}
-    changes = singlecopy.apply(environ, probe=lambda: "process_vm_readv: Operation not permitted")
+    changes = singlecopy.apply(environ, outside=lambda: None, probe=lambda: "process_vm_readv: Operation not permitted")
     assert changes == {"TFHPC_SINGLE_COPY": "none: process_vm_readv: Operation not permitted",
                        "MPIR_CVAR_CH4_CMA_ENABLE": "0"}
-    assert singlecopy.apply(environ, probe=lambda: 1 / 0) == {}   # decided: the children do not probe again
+    assert singlecopy.apply(environ, outside=lambda: 1 / 0) == {}   # decided: the children do not probe again
 
 
 def test_allowed_cma_changes_nothing_but_the_record():
-    assert singlecopy.prepare({}, probe=lambda: None) == {"TFHPC_SINGLE_COPY": "cma"}
+    assert singlecopy.prepare({}, outside=lambda: None, probe=lambda: None) == {"TFHPC_SINGLE_COPY": "cma"}
 
 
 def test_the_callers_setting_wins():
-    changes = singlecopy.prepare({"MPIR_CVAR_CH4_CMA_ENABLE": "1"}, probe=lambda: "refused")
+    changes = singlecopy.prepare({"MPIR_CVAR_CH4_CMA_ENABLE": "1"}, outside=lambda: None, probe=lambda: "refused")
     assert "MPIR_CVAR_CH4_CMA_ENABLE" not in changes
+
+
+def fake_proc(root, own_ns, processes):
+    """A /proc tree: processes = {pid: (comm, ppid, user namespace or None when it cannot be read)}."""
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "ns" / "user").symlink_to(own_ns)
+    for pid, (comm, ppid, ns) in processes.items():
+        (root / str(pid) / "ns").mkdir(parents=True)
+        (root / str(pid) / "comm").write_text(comm + "\n")
+        (root / str(pid) / "status").write_text(f"Name:\t{comm}\nPPid:\t{ppid}\n")
+        if ns:
+            (root / str(pid) / "ns" / "user").symlink_to(ns)
+    return root
+
+
+def test_a_launcher_outside_the_containers_namespace_rules_cma_out(tmp_path):
+    # mpiexec -n 2 apptainer exec ...: rank <- starter <- hydra_pmi_proxy (another, unreadable user namespace)
+    proc = fake_proc(tmp_path, "user:[2]", {10: ("starter", 9, None), 9: ("hydra_pmi_proxy", 8, None),
+                                             8: ("mpiexec", 1, None)})
+    assert singlecopy.launcher_outside(str(proc), pid=10) == "hydra_pmi_proxy"
+
+
+def test_a_launcher_in_the_same_namespace_leaves_it_to_the_probe(tmp_path):
+    # apptainer exec IMAGE.sif mpirun -np 2 ... (or docker run IMAGE mpirun ...): orted/mpirun beside the ranks
+    proc = fake_proc(tmp_path, "user:[2]", {20: ("mpirun", 5, "user:[2]"), 5: ("starter", 1, None)})
+    assert singlecopy.launcher_outside(str(proc), pid=20) is None
+    assert singlecopy.launcher_outside(str(fake_proc(tmp_path / "b", "user:[2]", {30: ("bash", 1, "user:[2]")})),
+                                       pid=30) is None
+
+
+def test_ranks_of_an_outside_launcher_skip_the_probe_and_ucx_proc_links():
+    changes = singlecopy.prepare({}, outside=lambda: "slurmstepd", probe=lambda: 1 / 0)
+    assert changes["TFHPC_SINGLE_COPY"].startswith("none: each rank in its own user namespace (slurmstepd")
+    assert changes["MPIR_CVAR_CH4_CMA_ENABLE"] == "0" and changes["UCX_POSIX_USE_PROC_LINK"] == "n"

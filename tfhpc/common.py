@@ -1,7 +1,8 @@
 """What every tfhpc module uses: the checkout's root, the one-line user error, the log line, the CA bundle for builds,
-file digests and the git revision."""
+file digests, the git revision and the source date."""
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import subprocess
@@ -52,3 +53,28 @@ def git_revision() -> str:
                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+# The creation time of an image built outside a git checkout without SOURCE_DATE_EPOCH: fixed, so that an unchanged
+# tree still rebuilds to the same image id (reproducible-builds.org's SOURCE_DATE_EPOCH = 0).
+FALLBACK_SOURCE_EPOCH = 0
+
+
+def source_date(environ: dict[str, str] | None = None) -> str:
+    """The image creation time (ISO 8601, UTC) taken from the source, never from the clock, so that a warm rebuild of
+    an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the commit time of HEAD (also for a
+    tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if value:
+        if not value.isdigit():
+            raise UserError(f"SOURCE_DATE_EPOCH={value}: not a number of seconds since 1970: give an integer or unset it")
+        epoch = int(value)
+    else:
+        try:
+            committed = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%ct", "HEAD"],
+                                       capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            committed = ""
+        epoch = int(committed) if committed.isdigit() else FALLBACK_SOURCE_EPOCH
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="seconds")

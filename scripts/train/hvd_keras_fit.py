@@ -71,6 +71,7 @@ def main():
 
     # Horovod: the ranks agree after every batch whether one of them was signalled (a one-number allreduce).
     stop.agree = lambda flag: float(allreduce(tf.constant(flag), op=Sum, name="tfhpc_stop"))
+    stop.end = (args.epochs - 1, steps)
     checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume and chief else (0, 0, None)
     start_epoch, start_step = broadcast_object((start_epoch, start_step), root_rank=0)  # Horovod: rank 0's view

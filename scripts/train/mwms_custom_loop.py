@@ -56,6 +56,7 @@ def main():
     lr = scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
     stop.agree = sum_over_workers(tf, strategy)  # MWMS: after every step, was any worker signalled?
+    stop.end = (args.epochs - 1, steps)
     checkpoints = Checkpoints.for_training(args, chief, cluster["workers"], global_batch, steps)
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
     if start_epoch >= args.epochs:

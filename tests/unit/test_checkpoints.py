@@ -161,6 +161,15 @@ def test_a_signal_stops_every_rank_at_the_same_step_with_status_99(stop_handlers
     assert 0 <= result["stopped"]["seconds_since_signal"] < 5
 
 
+def test_a_signal_after_the_last_step_lets_the_run_finish(stop_handlers):
+    calls = []
+    stop = StopOnSignal(lambda flag: calls.append(flag) or flag)
+    stop.end = (2, STEPS)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert not stop.requested(2, STEPS) and stop.at is None and calls == [], "no checkpoint with nothing to train"
+    assert stop.requested(2, STEPS - 1), "one step earlier it stops"
+
+
 @pytest.mark.parametrize("argv, value", [([], None), (["--resume"], "auto"), (["--resume", "auto"], "auto"),
                                          (["--resume", "--epochs", "2"], "auto")])
 def test_resume_takes_auto_or_nothing(argv, value):

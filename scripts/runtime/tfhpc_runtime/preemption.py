@@ -31,6 +31,7 @@ class StopOnSignal:
         self.received = None  # time.monotonic() when it arrived
         self.steps_since_signal = 0  # steps this rank finished between the signal and the ranks' agreement
         self.at = None  # (epoch index, steps done in it) at which the ranks stopped
+        self.end = None  # (last epoch index, steps per epoch): a signal after the last step lets the run finish
         for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), self._record)
 
@@ -39,7 +40,11 @@ class StopOnSignal:
             self.signal, self.received = signal.Signals(number).name, time.monotonic()
 
     def requested(self, epoch, steps_done):
-        """True on every rank once any rank has been signalled; call after every step on every rank."""
+        """True on every rank once any rank has been signalled; call after every step on every rank. After the
+        last step of the run it is False without a collective: the run ends (status 0) rather than leave a
+        checkpoint with nothing left to train."""
+        if (epoch, steps_done) == self.end:
+            return False
         if self.signal:
             self.steps_since_signal += 1
         if self.agree(1.0 if self.signal else 0.0) > 0:

@@ -125,10 +125,11 @@ within() { local end=$((SECONDS + $1)); shift; until "$@"; do [ $SECONDS -lt $en
 since() { awk -v now="$(date +%%s.%%N)" -v start="$start" 'BEGIN {printf "%%.2f", now - start}'; }
 is() { [ "$(field "$1")" = "$2" ]; }
 ended() { case "$(field JobState)" in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUE*) return 1;; esac; }
+requeued() { is Restarts 1 || { ended && echo "not requeued: $(field JobState) $(field ExitCode)" && exit 1; }; }
 within 600 grep -q "%s" "$out"
 start=$(date +%%s.%%N)
 scancel --signal=USR1 --batch "$job"
-within 300 is Restarts 1; requeued=$(since)
+within 300 requeued; requeued=$(since)
 within 300 is JobState RUNNING; running=$(since)
 within 300 awk '/resumed from/ {r = 1} r && / step [0-9]+\// {found = 1} END {exit !found}' "$out"; first_step=$(since)
 within 900 ended

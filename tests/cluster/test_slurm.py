@@ -109,8 +109,8 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
 
 # ---------------------------------------------------------------------------------------------------------------- #
 # A long job: Slurm's warning signal mid-epoch (scancel --signal=USR1 --batch, as --signal=B:USR1@120 sends it before
-# the time limit) reaches the batch script, which forwards it through srun and apptainer to the ranks; they save that
-# step and exit 99, the script requeues the job, the second run resumes with --resume auto and finishes.
+# the time limit) reaches the batch script, which forwards it to the ranks on both nodes (srun --overlap pkill); they
+# save that step and exit 99, the script requeues the job, the second run resumes with --resume auto and finishes.
 
 TRAINING = "tfhpc-train-hvd-fit --train-samples 3000 --test-samples 500 --epochs 3 --verbose 0"
 RESUME_TOLERANCE = 1e-5  # as tests/images/app/test_training.py
@@ -161,7 +161,7 @@ def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run
     (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
     assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
     assert all(r["stopped"]["signal"] == "SIGUSR1" and r["stopped"]["steps_since_signal"] <= 1 for r in stopped), \
-        "the signal reached both ranks through srun and apptainer"
+        "the signal reached both ranks in their containers"
     assert stopped[0]["checkpoints_written"] == ["epoch-0001", f"epoch-0001-step-{step:06d}"]
     for report in finished:
         assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"

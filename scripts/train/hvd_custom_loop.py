@@ -12,14 +12,15 @@ prints and writes checkpoints and TensorBoard logs (tf.summary; the TensorFlow p
     mpirun -np 2 python hvd_custom_loop.py --checkpoint-dir ckpt --resume
     mpirun -np 2 python hvd_custom_loop.py --log-dir logs --profile-steps 5,8   # then: tensorboard --logdir logs
 
-Every rank prints one "RESULT {json}" line.
+Every rank prints one "RESULT {json}" line. SIGUSR1 or SIGTERM saves and stops: the ranks agree after every step,
+rank 0 writes a checkpoint of that step, every rank exits with status 99; --resume auto continues there.
 """
 import sys
 import time
 
 import numpy as np
 
-from tfhpc_runtime.callbacks import ProfileWindow
+from tfhpc_runtime.callbacks import ProfileWindow, log_step
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, launch_size, log, report
 from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
@@ -27,6 +28,7 @@ from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
+from tfhpc_runtime.preemption import StopOnSignal
 
 
 def main():
@@ -39,6 +41,7 @@ def main():
     args = parser.parse_args()
     check_training_args(args)
     per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
+    stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
 
     import tensorflow as tf
     import horovod.tensorflow as hvd
@@ -55,9 +58,12 @@ def main():
     lr = scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
     warmup_steps = int(args.warmup_epochs * steps) if lr != args.lr else 0
 
-    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
-    start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
-    start_epoch = int(hvd.broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
+    # Horovod: the ranks agree after every step whether one of them was signalled (a one-number allreduce).
+    stop.agree = lambda flag: float(hvd.allreduce(tf.constant(flag), op=hvd.Sum, name="tfhpc_stop"))
+    stop.end = (args.epochs - 1, steps)
+    checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
+    start_epoch, start_step, resume_from = checkpoints.latest() if args.resume and chief else (0, 0, None)
+    start_epoch, start_step = hvd.broadcast_object((start_epoch, start_step), root_rank=0)  # Horovod: rank 0's view
     if start_epoch >= args.epochs:
         fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
              f"--epochs above {start_epoch} to train further")
@@ -70,14 +76,16 @@ def main():
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint (optimizer slots fill in when created).
         checkpoint.read(resume_from)
-        log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+        log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
+                   + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
     hvd.broadcast_variables(model.variables, root_rank=0)  # Horovod: rank 0's weights before the first step.
     initial_weights = flat_weights(model)
 
     train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
                           start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
                           shard=(size, rank),  # Horovod: each rank reads its own part of the data.
-                          cache_file=f"{args.cache_dir}/train-rank{rank}" if args.cache_dir else None)
+                          cache_file=f"{args.cache_dir}/train-rank{rank}" if args.cache_dir else None,
+                          start_step=start_step)
 
     @tf.function
     def train_step(images, labels):
@@ -96,11 +104,13 @@ def main():
     losses, accuracies, learning_rates = [], [], []
     started = time.time()
     iterator = iter(train)
+    run_step = 0  # --profile-steps counts from 1 in this run
     for epoch in range(start_epoch, args.epochs):
         totals = np.zeros(2)
-        for step in range(steps):
+        first_step = start_step if epoch == start_epoch else 0
+        for step in range(first_step, steps):
             global_step = epoch * steps + step
-            run_step = (epoch - start_epoch) * steps + step + 1  # --profile-steps counts from 1 in this run
+            run_step += 1
             if global_step < warmup_steps:  # Horovod: warm-up, from lr/size to lr over the first steps.
                 progress = global_step / warmup_steps
                 optimizer.learning_rate.assign(lr * (1.0 / size * (1 - progress) + progress))
@@ -109,13 +119,24 @@ def main():
             images, labels = next(iterator)
             profiler.begin(run_step)
             loss, correct = train_step(images, labels)
-            if epoch == start_epoch and step == 0:
+            if run_step == 1:
                 # Horovod: rank 0's complete state (weights and the optimizer's slots, created by the first step).
                 hvd.broadcast_variables(model.variables, root_rank=0)
                 hvd.broadcast_variables(optimizer.variables(), root_rank=0)
             totals += [float(loss), float(correct)]
             profiler.end(run_step)
-        means = hvd.allreduce(tf.constant(totals / steps), op=hvd.Average, name=f"epoch{epoch}").numpy()  # Horovod
+            log_step(chief, args.log_steps, epoch, args.epochs, step + 1, steps)
+            if stop.requested(epoch, step + 1):  # Horovod: every rank, the same answer
+                if chief:  # Horovod: rank 0 writes the checkpoint of this step.
+                    checkpoints.save(checkpoint, epoch, step + 1)
+                profiler.close()
+                stop.exit({"rank": rank, "size": size, "script": "hvd_custom_loop", "initial_epoch": start_epoch,
+                           "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
+                           "checkpoints_written": checkpoints.written, "losses": losses,
+                           "weights_sum": float(flat_weights(model).sum()),
+                           "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
+        means = hvd.allreduce(tf.constant(totals / (steps - first_step)), op=hvd.Average,
+                              name=f"epoch{epoch}").numpy()  # Horovod
         losses.append(float(means[0]))
         accuracies.append(float(means[1]))
         learning_rates.append(float(optimizer.learning_rate.numpy()))
@@ -146,7 +167,8 @@ def main():
     report({
         "rank": rank, "size": size, "script": "hvd_custom_loop", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
-        "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported, "losses": losses,
+        "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs, "exported": exported,
+        "losses": losses,
         "accuracies": accuracies,
         "learning_rates": learning_rates, "test_loss": test_loss, "test_accuracy": test_accuracy,
         "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),

@@ -16,6 +16,9 @@ Run with N ranks, e.g.:
 
 Defaults: the built-in glyphs data set (no download), per-rank batch 32, lr 0.01 x ranks (linear scaling) with one
 warm-up epoch, SGD with momentum 0.9, seed 1234 on every rank. Every rank prints one "RESULT {json}" line.
+
+SIGUSR1 or SIGTERM (Slurm's warning before the time limit, preemption) saves and stops: the ranks agree after every
+batch, rank 0 writes a checkpoint of that step, every rank exits with status 99; --resume auto continues there.
 """
 import os
 import sys
@@ -32,6 +35,7 @@ from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
+from tfhpc_runtime.preemption import StopOnSignal
 
 
 def main():
@@ -48,10 +52,11 @@ def main():
     check_training_args(args)
     per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
     decay_epochs = parse_epochs(args.lr_decay_epochs)
+    stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
 
     import tensorflow as tf
     import horovod.tensorflow.keras as hvd
-    from horovod.tensorflow import broadcast_object, broadcast_variables
+    from horovod.tensorflow import Sum, allreduce, broadcast_object, broadcast_variables
 
     hvd.init()  # Horovod: join the job started by horovodrun/mpirun/srun.
     rank, size = hvd.rank(), hvd.size()
@@ -64,9 +69,12 @@ def main():
     steps = steps_per_epoch(args, len(x_train), batch * size)  # Horovod: the epoch is split across ranks.
     lr = scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
 
-    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
-    start_epoch, resume_from = checkpoints.latest() if args.resume and chief else (0, None)  # Horovod: rank 0
-    start_epoch = int(broadcast_object(start_epoch, root_rank=0))  # Horovod: rank 0's view of the checkpoint.
+    # Horovod: the ranks agree after every batch whether one of them was signalled (a one-number allreduce).
+    stop.agree = lambda flag: float(allreduce(tf.constant(flag), op=Sum, name="tfhpc_stop"))
+    stop.end = (args.epochs - 1, steps)
+    checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
+    start_epoch, start_step, resume_from = checkpoints.latest() if args.resume and chief else (0, 0, None)
+    start_epoch, start_step = broadcast_object((start_epoch, start_step), root_rank=0)  # Horovod: rank 0's view
     if start_epoch >= args.epochs:
         fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
              f"--epochs above {start_epoch} to train further")
@@ -82,40 +90,62 @@ def main():
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint; the broadcast below hands it on.
         checkpoint.read(resume_from).assert_existing_objects_matched()
-        log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+        log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
+                   + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
     # Horovod: rank 0's initial state (weights, optimizer slots, step counter) on every rank, before the first
     # step. hvd.callbacks.BroadcastGlobalVariablesCallback(0) does the same after the first batch, which suits
     # identical starts but lets ranks that resumed differently average gradients of different weights once.
     broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
     initial_weights = flat_weights(model)
 
-    train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
-                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                          shard=(size, rank),  # Horovod: each rank reads its own part of the data.
-                          cache_file=cache_file(args, rank))
-    callbacks = [
-        hvd.callbacks.MetricAverageCallback(),  # Horovod: epoch metrics averaged over the ranks.
-    ]
-    if args.warmup_epochs > 0 and lr != args.lr and start_epoch < args.warmup_epochs:
-        # Horovod: from lr/size up to the scaled rate. No momentum correction: Keras >= 2.11 optimizers hold
-        # momentum as a Python number that the compiled train step captures when it is traced (on the first,
-        # corrected batch), so the correction would freeze a smaller momentum in for the whole run.
-        callbacks.append(hvd.callbacks.LearningRateWarmupCallback(
-            initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False,
-            verbose=0))
     extra = keras_callbacks(tf)
-    if decay_epochs:
-        callbacks.append(extra.StepDecay(lr, decay_epochs, args.warmup_epochs))
-    callbacks.append(extra.EpochLog(chief))
-    if chief:  # Horovod: logs and checkpoints from rank 0 only, so that ranks do not overwrite each other.
-        callbacks.append(extra.SaveEachEpoch(checkpoints, checkpoint))
-        if args.log_dir:  # Horovod: TensorBoard scalars and the --profile-steps trace of rank 0.
-            callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
 
+    def fit_callbacks(first_epoch, first_step):
+        callbacks = [
+            hvd.callbacks.MetricAverageCallback(),  # Horovod: epoch metrics averaged over the ranks.
+        ]
+        if args.warmup_epochs > 0 and lr != args.lr and first_epoch < args.warmup_epochs:
+            # Horovod: from lr/size up to the scaled rate. No momentum correction: Keras >= 2.11 optimizers hold
+            # momentum as a Python number that the compiled train step captures when it is traced (on the first,
+            # corrected batch), so the correction would freeze a smaller momentum in for the whole run.
+            warmup = hvd.callbacks.LearningRateWarmupCallback(
+                initial_lr=lr, warmup_epochs=args.warmup_epochs, steps_per_epoch=steps, momentum_correction=False,
+                verbose=0)
+            callbacks.append(extra.ShiftBatches(warmup, first_step) if first_step else warmup)
+        if decay_epochs:
+            callbacks.append(extra.StepDecay(lr, decay_epochs, args.warmup_epochs))
+        callbacks.append(extra.EpochLog(chief))
+        callbacks.append(extra.SaveOnSignal(stop, checkpoints, checkpoint, first_step=first_step))  # every rank
+        if chief:  # Horovod: logs and checkpoints from rank 0 only, so that ranks do not overwrite each other.
+            callbacks.append(extra.SaveEachEpoch(checkpoints, checkpoint, stop=stop))
+            if args.log_steps:
+                callbacks.append(extra.StepLog(args.log_steps, args.epochs, steps, first_step))
+            if args.log_dir:  # Horovod: TensorBoard scalars and the --profile-steps trace of rank 0.
+                callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
+        return callbacks
+
+    # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of its own.
+    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step else []
+    if start_epoch + bool(start_step) < args.epochs:
+        stretches.append((start_epoch + bool(start_step), args.epochs, 0))
     started = time.time()
-    history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
-                        callbacks=callbacks,
-                        verbose=args.verbose if chief else 0)  # Horovod: only rank 0 prints progress.
+    histories = []
+    for first_epoch, end_epoch, first_step in stretches:
+        train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
+                              start_epoch=first_epoch, epochs=end_epoch, shuffle_buffer=args.shuffle_buffer,
+                              shard=(size, rank),  # Horovod: each rank reads its own part of the data.
+                              cache_file=cache_file(args, rank), start_step=first_step)
+        callbacks = fit_callbacks(first_epoch, first_step)
+        histories.append(model.fit(train, epochs=end_epoch, initial_epoch=first_epoch,
+                                   steps_per_epoch=steps - first_step, callbacks=callbacks,
+                                   verbose=args.verbose if chief else 0).history)  # Horovod: rank 0 prints.
+        if stop.at:
+            stop.exit({"rank": rank, "size": size, "script": "hvd_keras_fit", "initial_epoch": start_epoch,
+                       "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
+                       "checkpoints_written": checkpoints.written, "weights_sum": float(flat_weights(model).sum()),
+                       "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
+    history = {key: [value for h in histories for value in h.get(key, [])]
+               for key in ("loss", "accuracy", "lr_at_end")}
     seconds = time.time() - started
 
     test_loss, test_accuracy = hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
@@ -131,9 +161,8 @@ def main():
         "rank": rank, "size": size, "script": "hvd_keras_fit", "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
         "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported,
-        "losses": [float(v) for v in history.history.get("loss", [])],
-        "accuracies": [float(v) for v in history.history.get("accuracy", [])],
-        "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],
+        "losses": [float(v) for v in history["loss"]], "accuracies": [float(v) for v in history["accuracy"]],
+        "learning_rates": [float(v) for v in history["lr_at_end"]], "initial_step": start_step,
         "test_loss": test_loss, "test_accuracy": test_accuracy, "train_seconds": seconds, "intra_threads": threads,
         "weights_sum": float(flat.sum()), "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,

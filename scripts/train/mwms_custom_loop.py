@@ -14,20 +14,22 @@ strategy.reduce for the loss and the metrics; a distributed evaluation built the
     srun --ntasks=2 python mwms_custom_loop.py --checkpoint-dir $SCRATCH/ckpt --resume
     srun --ntasks=2 python mwms_custom_loop.py --log-dir logs --profile-steps 5,8   # then: tensorboard --logdir logs
 
-Every worker prints one "RESULT {json}" line.
+Every worker prints one "RESULT {json}" line. SIGUSR1 or SIGTERM saves and stops: the workers agree after every
+step, the chief writes a checkpoint of that step, every worker exits with status 99; --resume auto continues there.
 """
 import sys
 import time
 
-from tfhpc_runtime.callbacks import ProfileWindow
+from tfhpc_runtime.callbacks import ProfileWindow, log_step
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, report
-from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies, sum_over_workers
 from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
                                 train_dataset)
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
+from tfhpc_runtime.preemption import StopOnSignal
 
 
 def main():
@@ -36,6 +38,7 @@ def main():
     add_mwms_args(parser)
     args = parser.parse_args()
     check_training_args(args)
+    stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
     plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
     removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
     per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
@@ -52,8 +55,10 @@ def main():
     steps = steps_per_epoch(args, len(x_train), global_batch)
     lr = scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
-    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
-    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    stop.agree = sum_over_workers(tf, strategy)  # MWMS: after every step, was any worker signalled?
+    stop.end = (args.epochs - 1, steps)
+    checkpoints = Checkpoints.for_training(args, chief, cluster["workers"], global_batch, steps)
+    start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
     if start_epoch >= args.epochs:
         fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
              f"--epochs above {start_epoch} to train further")
@@ -66,7 +71,8 @@ def main():
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
-            log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+            log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
+                       + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
     initial_weights = flat_weights(model)
     per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -74,7 +80,8 @@ def main():
     # MWMS: shuffle().batch(global_batch, drop_remainder=True), then split among the replicas.
     train = train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
                           start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                          cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
+                          cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None,
+                          start_step=start_step)
     train = strategy.experimental_distribute_dataset(train.with_options(shard_options))  # MWMS
     test = strategy.experimental_distribute_dataset(
         test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options))  # MWMS
@@ -112,17 +119,28 @@ def main():
     losses, accuracies = [], []
     started = time.time()
     iterator = iter(train)
+    run_step = 0  # --profile-steps counts from 1 in this run
     for epoch in range(start_epoch, args.epochs):
         loss_sum, correct_sum = 0.0, 0.0
-        for step in range(steps):
-            run_step = (epoch - start_epoch) * steps + step + 1  # --profile-steps counts from 1 in this run
+        first_step = start_step if epoch == start_epoch else 0
+        for step in range(first_step, steps):
+            run_step += 1
             profiler.begin(run_step)
             loss, correct = train_step(iterator)
             loss_sum += float(loss)
             correct_sum += float(correct)
             profiler.end(run_step)
-        losses.append(loss_sum / steps)
-        accuracies.append(correct_sum / (steps * global_batch))
+            log_step(chief, args.log_steps, epoch, args.epochs, step + 1, steps)
+            if stop.requested(epoch, step + 1):  # MWMS: every worker, the same answer
+                checkpoints.save(checkpoint, epoch, step + 1, participate=True)  # MWMS: the chief writes.
+                profiler.close()
+                stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_custom_loop",
+                           "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
+                           "steps_per_epoch": steps, "checkpoints_written": checkpoints.written, "losses": losses,
+                           "weights_sum": float(flat_weights(model).sum()),
+                           "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
+        losses.append(loss_sum / (steps - first_step))
+        accuracies.append(correct_sum / ((steps - first_step) * global_batch))
         log(chief, f"epoch {epoch + 1}/{args.epochs}: loss {losses[-1]:.4f}, accuracy {accuracies[-1]:.4f}")
         checkpoints.save(checkpoint, epoch + 1, participate=True)  # MWMS: the chief writes, all take part.
         if writer:  # the tags and steps of Keras' TensorBoard callback: epoch_<metric> at step = epoch (from 0)
@@ -150,7 +168,8 @@ def main():
         "addresses": cluster["addresses"], "is_chief": chief, "removed_proxy_variables": removed_proxies,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
         "global_batch": global_batch, "steps_per_epoch": steps, "lr": lr, "initial_epoch": start_epoch,
-        "epochs": args.epochs, "exported": exported, "losses": losses, "accuracies": accuracies, "test_loss": test_loss,
+        "initial_step": start_step, "epochs": args.epochs, "exported": exported, "losses": losses,
+        "accuracies": accuracies, "test_loss": test_loss,
         "test_accuracy": test_accuracy, "test_examples": totals[2], "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "checkpoints_written": checkpoints.written,

@@ -16,6 +16,8 @@ part in a throw-away copy); --resume from the latest one; distributed evaluation
     python launch_local_mwms.py -n 2 python mwms_keras_fit.py --log-dir logs --profile-steps 5,8  # TensorBoard
 
 Workers resuming must all see --checkpoint-dir (a shared file system). Every worker prints one "RESULT {json}" line.
+SIGUSR1 or SIGTERM saves and stops: the workers agree after every batch, the chief writes a checkpoint of that step,
+every worker exits with status 99; --resume auto continues there.
 """
 import sys
 import time
@@ -23,12 +25,13 @@ import time
 from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, parse_epochs, report
-from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies, sum_over_workers
 from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
                                 train_dataset)
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
+from tfhpc_runtime.preemption import StopOnSignal
 
 
 def main():
@@ -40,6 +43,7 @@ def main():
                              "course's schedule)")
     args = parser.parse_args()
     check_training_args(args)
+    stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
     decay_epochs = parse_epochs(args.lr_decay_epochs)
     plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
     removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
@@ -57,8 +61,10 @@ def main():
     steps = steps_per_epoch(args, len(x_train), global_batch)
     lr = scaled_lr(args.lr, replicas, args.lr_scaling)  # MWMS: scale the learning rate with the replicas.
 
-    checkpoints = Checkpoints(args.checkpoint_dir, writer=chief, keep=args.keep_checkpoints, args=args)
-    start_epoch, resume_from = checkpoints.latest() if args.resume else (0, None)
+    stop.agree = sum_over_workers(tf, strategy)  # MWMS: after every batch, was any worker signalled?
+    stop.end = (args.epochs - 1, steps)
+    checkpoints = Checkpoints.for_training(args, chief, cluster["workers"], global_batch, steps)
+    start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
     if start_epoch >= args.epochs:
         fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
              f"--epochs above {start_epoch} to train further")
@@ -73,27 +79,48 @@ def main():
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
-            log(chief, f"resumed from {resume_from} after epoch {start_epoch}")
+            log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
+                       + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
     initial_weights = flat_weights(model)
 
     shard_options = auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
-    train = train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
-                          start_epoch=start_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
-                          cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None)
-    train = train.with_options(shard_options)
     test = test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
-
     extra = keras_callbacks(tf)
-    callbacks = [extra.EpochLog(chief),
-                 extra.SaveEachEpoch(checkpoints, checkpoint, participate=True)]  # MWMS: all workers save.
-    if decay_epochs:
-        callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
-    if chief and args.log_dir:  # MWMS: the chief alone writes logs (scalars, the --profile-steps trace).
-        callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
 
+    def fit_callbacks(first_step):
+        callbacks = [extra.EpochLog(chief),
+                     extra.SaveOnSignal(stop, checkpoints, checkpoint, participate=True, first_step=first_step),
+                     extra.SaveEachEpoch(checkpoints, checkpoint, participate=True, stop=stop)]  # MWMS: all save.
+        if decay_epochs:
+            callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
+        if chief and args.log_steps:
+            callbacks.append(extra.StepLog(args.log_steps, args.epochs, steps, first_step))
+        if chief and args.log_dir:  # MWMS: the chief alone writes logs (scalars, the --profile-steps trace).
+            callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
+        return callbacks
+
+    # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of its own.
+    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step else []
+    if start_epoch + bool(start_step) < args.epochs:
+        stretches.append((start_epoch + bool(start_step), args.epochs, 0))
     started = time.time()
-    history = model.fit(train, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
-                        callbacks=callbacks, verbose=args.verbose if chief else 0)  # MWMS: the chief prints.
+    histories = []
+    for first_epoch, end_epoch, first_step in stretches:
+        train = train_dataset(tf, x_train, y_train, batch=global_batch, steps=steps, seed=args.seed,
+                              start_epoch=first_epoch, epochs=end_epoch, shuffle_buffer=args.shuffle_buffer,
+                              cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None,
+                              start_step=first_step)
+        histories.append(model.fit(train.with_options(shard_options), epochs=end_epoch, initial_epoch=first_epoch,
+                                   steps_per_epoch=steps - first_step, callbacks=fit_callbacks(first_step),
+                                   verbose=args.verbose if chief else 0).history)  # MWMS: the chief prints.
+        if stop.at:
+            stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
+                       "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
+                       "steps_per_epoch": steps, "checkpoints_written": checkpoints.written,
+                       "weights_sum": float(flat_weights(model).sum()),
+                       "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
+    history = {key: [value for h in histories for value in h.get(key, [])]
+               for key in ("loss", "accuracy", "lr_at_end")}
     seconds = time.time() - started
     test_loss, test_accuracy = model.evaluate(test, verbose=0)  # MWMS: distributed, metrics summed over workers.
 
@@ -108,9 +135,9 @@ def main():
         "removed_proxy_variables": removed_proxies, "collective": args.collective,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
         "global_batch": global_batch, "steps_per_epoch": steps, "lr": lr, "initial_epoch": start_epoch,
-        "epochs": args.epochs, "losses": [float(v) for v in history.history.get("loss", [])],
-        "accuracies": [float(v) for v in history.history.get("accuracy", [])],
-        "learning_rates": [float(v) for v in history.history.get("lr_at_end", [])],
+        "initial_step": start_step, "epochs": args.epochs, "losses": [float(v) for v in history["loss"]],
+        "accuracies": [float(v) for v in history["accuracy"]],
+        "learning_rates": [float(v) for v in history["lr_at_end"]],
         "test_loss": float(test_loss), "test_accuracy": float(test_accuracy), "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,

@@ -3,6 +3,7 @@ sbatch run the SIF on 2 nodes through `srun ... apptainer exec`; each test reads
 that 2 ranks on 2 different hosts took part, and that Slurm recorded the job as COMPLETED (or FAILED when it must)."""
 import json
 import re
+import shlex
 
 import pytest
 
@@ -149,3 +150,76 @@ def test_srun_pmix_starts_charliecloud_ranks_on_two_nodes(slurm_cluster):
     assert rc == 0, out[-3000:]
     assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)] and {r["host"] for r in found} == set(NODES)
     assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"], out[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# A long job: Slurm's warning signal mid-epoch (scancel --signal=USR1 --batch, as --signal=B:USR1@120 sends it before
+# the time limit) reaches the batch script, which forwards it to the ranks on both nodes (srun --overlap pkill); they
+# save that step and exit 99, the script requeues the job, the second run resumes with --resume auto and finishes.
+
+TRAINING = "tfhpc-train-hvd-fit --train-samples 3000 --test-samples 500 --epochs 3 --verbose 0"
+RESUME_TOLERANCE = 1e-5  # as tests/images/app/test_training.py
+# Runs on the controller: waits for SIGNAL_AT in the job's output, signals the batch script, then records when the
+# job was requeued (Restarts=1: the ranks had exited), when it ran again, when the resumed run finished its first
+# step, and the final state; prints them as one "TIMES {json}" line (seconds since the signal).
+SIGNAL_AT = "epoch 2/3 step 5/"
+SIGNAL_AND_FOLLOW = r"""
+job=$1 out=/jobs/out/$1.out
+field() { scontrol show job -o "$job" | grep -o "$1=[^ ]*" | cut -d= -f2; }
+within() { local end=$((SECONDS + $1)); shift; until "$@"; do [ $SECONDS -lt $end ] || exit 1; sleep 0.1; done; }
+since() { awk -v now="$(date +%%s.%%N)" -v start="$start" 'BEGIN {printf "%%.2f", now - start}'; }
+is() { [ "$(field "$1")" = "$2" ]; }
+ended() { case "$(field JobState)" in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUE*) return 1;; esac; }
+requeued() { is Restarts 1 || { ended && echo "not requeued: $(field JobState) $(field ExitCode)" && exit 1; }; }
+within 600 grep -q "%s" "$out"
+start=$(date +%%s.%%N)
+scancel --signal=USR1 --batch "$job"
+within 300 requeued; requeued=$(since)
+within 300 is JobState RUNNING; running=$(since)
+within 300 awk '/resumed from/ {r = 1} r && / step [0-9]+\// {found = 1} END {exit !found}' "$out"; first_step=$(since)
+within 900 ended
+printf 'TIMES {"requeued": %%s, "running": %%s, "first_step": %%s, "state": "%%s", "exit": "%%s", "restarts": %%s}\n' \
+    "$requeued" "$running" "$first_step" "$(field JobState)" "$(field ExitCode)" "$(field Restarts)"
+""" % SIGNAL_AT
+
+
+def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run(slurm_cluster, sif):
+    _, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-pmix.sbatch",
+                                  f"{TRAINING} --weights-out uninterrupted.npz")
+    assert (rc, state) == (0, "COMPLETED"), output
+    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} sbatch --parsable --output=/jobs/out/%j.out "
+                                       f"/jobs/scripts/horovod-srun-pmix.sbatch {TRAINING} --log-steps 1 "
+                                       f"--checkpoint-dir ckpt-signalled --resume auto --weights-out signalled.npz")
+    assert rc == 0, out
+    job = out.strip().splitlines()[-1].partition(";")[0]
+    rc, follow = slurm_cluster.run("ctl", f"bash -c {shlex.quote(SIGNAL_AND_FOLLOW)} follow {job}", timeout=900)
+    _, output = slurm_cluster.run("ctl", f"cat /jobs/out/{job}.out")
+    assert rc == 0 and "TIMES {" in follow, follow + output
+    times = json.loads(follow.partition("TIMES ")[2])
+    assert (times["state"], times["exit"], times["restarts"]) == ("COMPLETED", "0:0", 1), (times, output)
+    assert "tfhpc: USR1: the ranks save and stop" in output
+
+    reports = results(output)
+    stopped = [r for r in reports if "stopped" in r]
+    finished = [r for r in reports if "stopped" not in r]
+    assert [r["rank"] for r in stopped] == [0, 1] and [r["rank"] for r in finished] == [0, 1], output
+    (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
+    assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
+    assert all(r["stopped"]["signal"] == "SIGUSR1" and r["stopped"]["steps_since_signal"] <= 1 for r in stopped), \
+        "the signal reached both ranks in their containers"
+    assert stopped[0]["checkpoints_written"] == ["epoch-0001", f"epoch-0001-step-{step:06d}"]
+    for report in finished:
+        assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"
+        assert report["size"] == 2 and report["failures"] == []
+    code = ("import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); "
+            "print(max(float(np.abs(a[k] - b[k]).max()) for k in a.files))")
+    rc, difference = slurm_cluster.run("ctl", f"cd /jobs/out && apptainer exec {sif} python -c {shlex.quote(code)} "
+                                              "uninterrupted.npz signalled.npz", timeout=300)
+    assert rc == 0, difference
+    difference = float(difference.strip().splitlines()[-1])
+    print(f"Slurm: USR1 at step {step} of epoch 2; ranks saved and exited in "
+          f"{max(r['stopped']['seconds_since_signal'] for r in stopped):.2f} s, job requeued "
+          f"{times['requeued']:.1f} s after the signal, running again after {times['running']:.1f} s, first resumed "
+          f"step after {times['first_step']:.1f} s ({times['first_step'] - times['requeued']:.1f} s after the "
+          f"requeue); 0 steps redone; resumed vs uninterrupted: max |dw| = {difference:.3g}")
+    assert difference <= RESUME_TOLERANCE

@@ -35,16 +35,91 @@ def keras_callbacks(tf):
                 self.model.optimizer.learning_rate.assign(self.lr * 0.1 ** sum(epoch >= e for e in self.epochs))
 
     class SaveEachEpoch(tf.keras.callbacks.Callback):
-        """Checkpoints.save after every epoch (participate: non-writers also run the save, see Checkpoints)."""
+        """Checkpoints.save after every epoch (participate: non-writers also run the save, see Checkpoints), except
+        an epoch a signal cut short (Keras still ends it with on_epoch_end): SaveOnSignal saved that one."""
 
-        def __init__(self, checkpoints, checkpoint, participate=False):
+        def __init__(self, checkpoints, checkpoint, participate=False, stop=None):
             super().__init__()
-            self.checkpoints, self.checkpoint, self.participate = checkpoints, checkpoint, participate
+            self.checkpoints, self.checkpoint, self.participate, self.stop = checkpoints, checkpoint, participate, stop
 
         def on_epoch_end(self, epoch, logs=None):
-            self.checkpoints.save(self.checkpoint, epoch + 1, participate=self.participate)
+            if not (self.stop and self.stop.at):
+                self.checkpoints.save(self.checkpoint, epoch + 1, participate=self.participate)
 
-    return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch)
+    class SaveOnSignal(tf.keras.callbacks.Callback):
+        """preemption.StopOnSignal in Model.fit: after every batch the ranks agree whether one was signalled; if so,
+        a checkpoint of this step and model.stop_training. first_step: steps of the first epoch done before this
+        fit (a run resumed mid-epoch)."""
+
+        def __init__(self, stop, checkpoints, checkpoint, participate=False, first_step=0):
+            super().__init__()
+            self.stop, self.checkpoints, self.checkpoint = stop, checkpoints, checkpoint
+            self.participate, self.first_step, self.epoch = participate, first_step, 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            done = self.first_step + batch + 1
+            if self.stop.requested(self.epoch, done):
+                self.checkpoints.save(self.checkpoint, self.epoch, done, participate=self.participate)
+                self.model.stop_training = True
+
+    class StepLog(tf.keras.callbacks.Callback):
+        """--log-steps: 'epoch E/EPOCHS step S/STEPS' every `every` steps."""
+
+        def __init__(self, every, epochs, steps, first_step=0):
+            super().__init__()
+            self.every, self.epochs, self.steps, self.first_step, self.epoch = every, epochs, steps, first_step, 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            log_step(True, self.every, self.epoch, self.epochs, self.first_step + batch + 1, self.steps)
+
+    class ShiftBatches(tf.keras.callbacks.Callback):
+        """Hands `inner` the batch numbers of the whole epoch in a fit that resumes `offset` steps into it (Horovod's
+        warm-up computes the learning rate from the batch number)."""
+
+        def __init__(self, inner, offset):
+            super().__init__()
+            self.inner, self.offset = inner, offset
+
+        def set_model(self, model):
+            super().set_model(model)
+            self.inner.set_model(model)
+
+        def set_params(self, params):
+            super().set_params(params)
+            self.inner.set_params(params)
+
+        def on_train_begin(self, logs=None):
+            self.inner.on_train_begin(logs)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.inner.on_epoch_begin(epoch, logs)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.inner.on_train_batch_begin(batch + self.offset, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.inner.on_train_batch_end(batch + self.offset, logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.inner.on_epoch_end(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            self.inner.on_train_end(logs)
+
+    return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
+                              SaveOnSignal=SaveOnSignal, StepLog=StepLog, ShiftBatches=ShiftBatches)
+
+
+def log_step(enabled, every, epoch, epochs, done, steps):
+    """--log-steps: one line every `every` steps (done: steps done in epoch index `epoch`)."""
+    if enabled and every and done % every == 0:
+        log(True, f"epoch {epoch + 1}/{epochs} step {done}/{steps}")
 
 
 def tensorboard_callback(tf, log_dir, profile_steps=None):

@@ -116,8 +116,12 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
     parser.add_argument("--checkpoint-dir", default=None,
                         help="write a checkpoint after every epoch (rank 0 / chief only, atomically)")
     parser.add_argument("--keep-checkpoints", type=int, default=2, help="checkpoints kept in --checkpoint-dir")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --checkpoint-dir (start fresh if there is none)")
+    parser.add_argument("--resume", nargs="?", const="auto", choices=("auto",), default=None,
+                        help="--resume or --resume auto: continue from the newest complete checkpoint in "
+                             "--checkpoint-dir, at an epoch or where a signal stopped the run, or start fresh when "
+                             "there is none")
+    parser.add_argument("--log-steps", type=int, default=0, metavar="N",
+                        help="print 'epoch E/EPOCHS step S/STEPS' every N steps (rank 0 / chief only; 0 = never)")
     parser.add_argument("--log-dir", default=None,
                         help="TensorBoard logs (rank 0 / chief only): epoch scalars in <log-dir>/train; view them with "
                              "tensorboard --logdir <log-dir>")
@@ -139,6 +143,8 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
 def check_training_args(args):
     """Everything that can be checked before TensorFlow starts; one line and a non-zero exit otherwise."""
     from .data import check_data_args
+    if args.log_steps < 0:
+        fail(f"--log-steps must be 0 (never) or a number of steps, got {args.log_steps}")
     for name in ("epochs", "batch_size", "keep_checkpoints"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")

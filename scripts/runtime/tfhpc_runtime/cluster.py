@@ -227,3 +227,14 @@ def ipv4_address(name):
         return socket.inet_ntoa(packed[20:24])
     except OSError:
         return None
+
+
+def sum_over_workers(tf, strategy):
+    """preemption.StopOnSignal's agree under MultiWorkerMirroredStrategy: the sum of a number over every replica of
+    every worker, one all-reduce in a tf.function (traced once)."""
+
+    @tf.function
+    def total(flag):
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)), axis=None)
+
+    return lambda flag: float(total(tf.constant(flag, tf.float32)))

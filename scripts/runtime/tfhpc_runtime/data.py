@@ -182,13 +182,14 @@ def synthetic(train, test, seed=4321):
 
 
 def train_dataset(tf, x, y, *, batch, steps, seed, start_epoch, epochs, shuffle_buffer,
-                  shard=None, cache_file=None):
+                  shard=None, cache_file=None, start_step=0):
     """The training pipeline of the IT4Innovations course and the IDRIS Jean Zay guide: [shard] -> map(scale) ->
     cache -> shuffle -> batch(drop_remainder=True) -> prefetch, with AUTOTUNE.
 
     Epoch e is shuffled with seed + e, so the order of every epoch is fixed by (seed, e) alone: all ranks shuffle
-    alike, and a run resumed at epoch e sees exactly the batches an uninterrupted run sees there. drop_remainder
-    keeps every step's batch full, so every rank takes the same number of steps.
+    alike, and a run resumed at epoch e sees exactly the batches an uninterrupted run sees there; start_step skips
+    the batches of epoch start_epoch that a run stopped mid-epoch has done. drop_remainder keeps every step's batch
+    full, so every rank takes the same number of steps.
     """
     autotune = tf.data.AUTOTUNE
     data = tf.data.Dataset.from_tensor_slices((x, y))
@@ -203,7 +204,7 @@ def train_dataset(tf, x, y, *, batch, steps, seed, start_epoch, epochs, shuffle_
         ordered = data.shuffle(buffer, seed=seed + e) if buffer > 0 else data
         return ordered.batch(batch, drop_remainder=True).take(steps)
 
-    return tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).prefetch(autotune)
+    return tf.data.Dataset.range(start_epoch, epochs).flat_map(epoch).skip(start_step).prefetch(autotune)
 
 
 def test_dataset(tf, x, y, batch, shard=None):

@@ -13,6 +13,9 @@ What is proven, with the tolerances:
   the weights by more than 100 times that;
 - resume: 1 epoch, then --resume to 3 epochs, ends with the weights of an uninterrupted 3-epoch run to
   RESUME_TOLERANCE, starting at epoch 2; only rank 0 / the chief wrote checkpoints, and none is left half-written;
+- a signal: SIGUSR1 to both ranks mid-epoch 2 stops them at the same step, at most one step after the signal, with
+  status 99 and a checkpoint of that step; --resume auto starts at that step (no step done twice) and ends with the
+  uninterrupted run's weights to RESUME_TOLERANCE; a mid-epoch checkpoint resumed with other ranks is one line;
 - TensorBoard: the shipped `tensorboard` command serves, over its HTTP API, the epoch losses and accuracies that
   --log-dir wrote (Keras' TensorBoard callback, tf.summary in the custom loops), equal to the RESULT lines;
   --profile-steps leaves one profiler trace, rank 0's;
@@ -303,6 +306,84 @@ def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer
     assert difference <= RESUME_TOLERANCE
 
 
+# ---------------------------------------------------------------------------------------------------------------- #
+# A signal mid-epoch: every rank stops at the same step with status 99 after rank 0 / the chief saved that step;
+# --resume auto goes on from there and ends where the uninterrupted run ended.
+
+# mpirun rather than horovodrun: horovodrun turns any non-zero status of mpirun into 1.
+SIGNALLED = {
+    "hvd_keras_fit": lambda args: f"mpirun -np 2 {python('hvd_keras_fit.py', args)}",
+    "hvd_custom_loop": lambda args: f"mpirun -np 2 {python('hvd_custom_loop.py', args)}",
+    "mwms_keras_fit": lambda args: launch_mwms(python("mwms_keras_fit.py", args)),
+    "mwms_custom_loop": lambda args: launch_mwms(python("mwms_custom_loop.py", args)),
+}
+SIGNAL_AT = "epoch 2/3 step 5/"  # --log-steps 1 prints a line after every step; the epoch has 46
+# Runs in the container: the command in the background, SIGUSR1 to its ranks (the processes the launcher started,
+# as Slurm signals each task) once the log shows SIGNAL_AT, then the exit status and the seconds from the signal to
+# the exit of the launcher.
+SIGNAL_RANKS = """
+log=$1; shift
+"$@" > "$log" 2>&1 & job=$!
+for i in $(seq 1800); do grep -q "%s" "$log" && break; sleep 0.1; done
+start=$(date +%%s.%%N)
+for p in $(pgrep -f train/); do
+    grep -qzE '^(OMPI_COMM_WORLD_RANK|TF_CONFIG)=' /proc/$p/environ 2>/dev/null && kill -USR1 $p
+done
+wait $job; status=$?
+echo "status $status seconds $(python -c "print($(date +%%s.%%N) - $start)")"
+""" % SIGNAL_AT
+
+
+@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host, image_layer, work, full_runs, name):
+    full, full_weights = full_runs(name)
+    directory, log = f"{work}/{name}-signal-ckpt", f"{work}/{name}-signal.log"
+    command = SIGNALLED[name](f"{SMALL} --epochs 3 --log-steps 1 --checkpoint-dir {directory} --resume auto")
+    outcome = host.check_output(f"bash -c {shlex.quote(SIGNAL_RANKS)} signal {log} {command}").split()
+    output = host.file(log).content_string
+    stopped = sorted((json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line),
+                     key=lambda r: r["rank"])
+    assert int(outcome[1]) == 99 and [r["rank"] for r in stopped] == [0, 1], output[-3000:]
+    at = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
+    assert len(at) == 1, f"the ranks stopped at the same step: {at}"
+    (epoch, step), = at
+    assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
+    assert all(r["stopped"]["signal"] == "SIGUSR1" and r["stopped"]["steps_since_signal"] <= 1 for r in stopped)
+    name_of_step = f"epoch-0001-step-{step:06d}"
+    assert stopped[0]["checkpoints_written"] == ["epoch-0001", name_of_step] and stopped[1]["checkpoints_written"] == []
+    assert json.loads(host.file(f"{directory}/latest.json").content_string)["step"] == step
+    assert host.check_output(f"ls -A {directory}").split() == ["epoch-0001", name_of_step, "latest.json"]
+
+    resumed = run_ranks(host, ENTRYPOINTS[name](
+        f"{SMALL} --epochs 3 --checkpoint-dir {directory} --resume auto --weights-out {work}/{name}-signalled.npz"), 2)
+    for report in resumed:
+        assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"
+        assert report["losses"][1] == pytest.approx(full[0]["losses"][2], rel=1e-4)
+    difference = max_difference(host, full_weights, f"{work}/{name}-signalled.npz")
+    print(f"{name}: SIGUSR1 at step {step} of epoch 2: exit status 99 after {float(outcome[3]):.2f} s (in the ranks "
+          f"{max(r['stopped']['seconds_since_signal'] for r in stopped):.2f} s), 0 steps redone; resumed vs "
+          f"uninterrupted: max |dw| = {difference:.3g}")
+    assert difference <= RESUME_TOLERANCE
+
+
+def test_a_mid_epoch_checkpoint_resumed_with_other_ranks_is_one_line(host, image_layer, work, full_runs):
+    """A mid-epoch position holds only for the ranks that wrote it (their shards, their steps per epoch)."""
+    _, _ = full_runs("hvd_custom_loop")
+    directory = f"{work}/other-ranks-ckpt"
+    record = {"epoch": 2, "step": 10, "path": "epoch-0002-step-000010/ckpt",
+              "identity": {"model": "cnn", "optimizer": "sgd", "dataset": "glyphs"},
+              "position": {"ranks": 2, "global_batch": 64, "steps_per_epoch": 46, "seed": 1234, "shuffle_buffer": -1}}
+    host.check_output(f"mkdir -p {directory} && cp -r {work}/hvd_custom_loop-full-ckpt/epoch-0002 "
+                      f"{directory}/epoch-0002-step-000010 && echo {shlex.quote(json.dumps(record))} > "
+                      f"{directory}/latest.json")
+    before = host.check_output(f"ls -lAR --time-style=full-iso {directory}")
+    result = host.run(python("hvd_custom_loop.py", f"{SMALL} --epochs 3 --checkpoint-dir {directory} --resume auto"))
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
+    assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "with ranks 2, this run has 1" in lines[0] and "resume with 2" in lines[0], lines[0]
+    assert host.check_output(f"ls -lAR --time-style=full-iso {directory}") == before
+
+
 @pytest.mark.parametrize("written, resumed, flag", [("--model mlp", "--model cnn", "--model mlp"),
                                                     ("--optimizer adam", "", "--optimizer adam")])
 def test_resume_from_another_models_checkpoint_is_one_line(host, image_layer, work, written, resumed, flag):
@@ -462,6 +543,10 @@ BAD_INPUTS = [
     ("hvd_custom_loop.py", "--profile-steps 5", "", ["--profile-steps '5'", "A,B", "1 <= A <= B"]),
     ("mwms_custom_loop.py", "--profile-steps 4,2 --log-dir /tmp/tfhpc-no-logs", "", ["--profile-steps '4,2'"]),
     ("hvd_keras_fit.py", "--profile-steps 2,3", "", ["--profile-steps needs --log-dir"]),
+    ("hvd_custom_loop.py", "--checkpoint-dir /opt/tfhpc-ckpt --resume auto", "",
+     ["--checkpoint-dir /opt/tfhpc-ckpt: /opt is not writable"]),
+    ("hvd_keras_fit.py", "--resume always", "", ["--resume: invalid choice: 'always'", "auto"]),
+    ("mwms_custom_loop.py", "--log-steps -1", "", ["--log-steps must be 0"]),
 ]
 
 

@@ -111,17 +111,16 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
 
 
 def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
-    """The Cray-style bind model: srun --mpi=pmi2 starts the MPICH image's ranks on PyPI's MPICH 5 (the host MPI),
-    which each rank loaded (the doctor), and Horovod's collectives are exact, float16 included."""
+    """The Cray-style bind model: srun --mpi=pmi2 starts the MPICH image's ranks on PyPI's MPICH 5 (the host MPI):
+    each rank loaded the host library (the doctor), and MPI and Horovod wired up as one world of 2 across the nodes."""
     mpich = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich"), LEAF)
     if not mpich.is_file():
         pytest.fail(f"{mpich} is missing: run `make site-images` first")
     prefix = in_containers(install_site_mpi("mpich"))
-    environment = f"TFHPC_HOST_MPI={prefix}"
     # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
     job, state, rc, output = sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch",
                                     "sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'",
-                                    environment=environment)
+                                    environment=f"TFHPC_HOST_MPI={prefix}")
     assert (rc, state) == (0, "COMPLETED"), output
     _, written = slurm_cluster.run("ctl", f"cat /jobs/out/doctor.{job}.0.json /jobs/out/doctor.{job}.1.json")
     reports = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
@@ -129,13 +128,8 @@ def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
     for report in reports:
         assert all(p.startswith(prefix + "/") for p in report["facts"]["mpi_library"]["paths"]), report["facts"]
         assert report["facts"]["mpi_library"]["version"].startswith("MPICH Version:"), report["facts"]
-    job, state, rc, output = sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch",
-                                    "tfhpc-smoke-collectives --sizes 1,4096 --dtypes float32,float16,int32",
-                                    environment=environment)
-    found = results(output)
-    assert (rc, state) == (0, "COMPLETED"), output
-    assert [(r["rank"], r["size"]) for r in found] == [(0, 2), (1, 2)] and {r["host"] for r in found} == set(NODES)
-    assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"], output
+        (world,) = [c for c in report["checks"] if c["section"] == "launcher" and c["name"] == "world size"]
+        assert world["status"] == "ok" and "horovod 2, mpi 2" in world["detail"], world
 
 
 def test_srun_pmix_starts_charliecloud_ranks_on_two_nodes(slurm_cluster):

@@ -46,13 +46,27 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def git_revision() -> str:
-    """The checkout's commit (12 hex digits), or "" outside a git checkout."""
+# What the images are built from (the build context is containers/ and scripts/, .dockerignore; the build arguments
+# come from versions.toml): the leaf image's revision and creation labels name the last commit that changed one of
+# them, so a commit elsewhere (docs, tests, tooling) leaves the image id, and the SIF converted from it, as they are.
+IMAGE_SOURCES = ("containers", "scripts", "versions.toml")
+
+
+def _last_image_commit() -> tuple[str, str]:
+    """(full hash, commit time in seconds) of the last commit that changed IMAGE_SOURCES, or ("", "")."""
     try:
-        return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        line = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H %ct", "HEAD", "--",
+                               *IMAGE_SOURCES], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return ""
+        line = ""
+    commit, _, committed = line.partition(" ")
+    return commit, committed
+
+
+def git_revision() -> str:
+    """The last commit (12 hex digits) that changed what the images are built from (IMAGE_SOURCES), or "" outside a
+    git checkout."""
+    return _last_image_commit()[0][:12]
 
 
 # The creation time of an image built outside a git checkout without SOURCE_DATE_EPOCH: fixed, so that an unchanged
@@ -62,8 +76,8 @@ FALLBACK_SOURCE_EPOCH = 0
 
 def source_date(environ: dict[str, str] | None = None) -> str:
     """The image creation time (ISO 8601, UTC) taken from the source, never from the clock, so that a warm rebuild of
-    an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the commit time of HEAD (also for a
-    tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
+    an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the time of the last commit that changed
+    IMAGE_SOURCES (also for a tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
     environ = os.environ if environ is None else environ
     value = environ.get("SOURCE_DATE_EPOCH", "").strip()
     if value:
@@ -71,10 +85,6 @@ def source_date(environ: dict[str, str] | None = None) -> str:
             raise UserError(f"SOURCE_DATE_EPOCH={value}: not a number of seconds since 1970: give an integer or unset it")
         epoch = int(value)
     else:
-        try:
-            committed = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%ct", "HEAD"],
-                                       capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            committed = ""
+        committed = _last_image_commit()[1]
         epoch = int(committed) if committed.isdigit() else FALLBACK_SOURCE_EPOCH
     return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="seconds")

@@ -81,14 +81,21 @@ def root_host(container):
     return testinfra.get_host(f"docker://root@{container.id}")
 
 
-def run_ranks(host, command, ranks=2):
-    """Run a multi-rank command; return the parsed RESULT lines, one per rank, sorted by rank."""
+def run_ranks(host, command, ranks=2, output_dir=None):
+    """Run a multi-rank command; return the parsed RESULT lines, one per rank, sorted by rank.
+
+    output_dir: the launcher writes each rank's stdout to its own file under it (`horovodrun/mpirun
+    --output-filename DIR`), read from there: a launcher that forwards the ranks' output through one stream can
+    split a long line of one rank around another rank's line."""
     result = host.run(command)
-    # horovodrun/mpirun may prefix each line with the rank ("[1,0]<stdout>:"): take what follows "RESULT ".
-    lines = [line.partition("RESULT ")[2] for line in result.stdout.splitlines() if "RESULT {" in line]
-    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
     assert result.rc == 0, f"{command} exited {result.rc}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{result.stdout}"
+    stdout = result.stdout
+    if output_dir:
+        stdout = host.run(f"find {shlex.quote(output_dir)} -name stdout -path '*rank.*' -exec cat {{}} +").stdout
+    # horovodrun/mpirun may prefix each line with the rank ("[1,0]<stdout>:"): take what follows "RESULT ".
+    lines = [line.partition("RESULT ")[2] for line in stdout.splitlines() if "RESULT {" in line]
+    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{stdout}"
     return reports
 
 

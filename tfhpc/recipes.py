@@ -429,6 +429,8 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
     from .dockerhost import client
     from .apptainer import Apptainer, scratch_dir
     from .common import log
+    from .lock import check_locks
+    check_locks(config)  # the recipes install from the locks, as the Dockerfiles do
     from .rootimage import resolve_root
 
     recipes, args = check_committed(manifest, config)

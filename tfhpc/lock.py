@@ -6,7 +6,7 @@ Horovod are compiled against it from the same sdists), one file per layer stage 
 
 | file | stage | what | how the Dockerfile uses it |
 |---|---|---|---|
-| mpi-build.txt | mpi builder | mpi4py's build requirements (its sdist's build-system.requires) | installed |
+| mpi-build.txt | mpi builder | mpi4py's build requirements (its sdist's build backend's) | installed |
 | mpi.txt | mpi builder | the mpi4py sdist | `pip wheel --no-binary mpi4py` |
 | tensorflow.txt | tensorflow | TensorFlow, tf_keras, the GPU flavour's CUDA wheels, all they need | installed |
 | horovod.txt | horovod | the Horovod sdist (built in the builder), its run-time requirements | installed |
@@ -148,10 +148,17 @@ def _tls_environment() -> dict[str, str]:
     return environment
 
 
+# Asks a source tree's build backend for its dynamic build requirements (PEP 517 get_requires_for_build_wheel), run in
+# a throw-away venv that holds the static ones and `build`.
+DYNAMIC_REQUIRES_PROBE = ("import build, json; "
+                          "print(json.dumps(sorted(build.ProjectBuilder('.').get_requires_for_build('wheel'))))")
+
+
 def sdist_build_requirements(requirement: str) -> list[str]:
-    """build-system.requires of `requirement`'s sdist (PEP 517's legacy default without pyproject.toml)."""
+    """What building a wheel from `requirement`'s sdist needs: its build-system.requires (PEP 517's legacy default
+    without pyproject.toml) and what its backend adds (mpi4py's: Cython, its sdist ships no generated C)."""
+    environment = _tls_environment()
     with tempfile.TemporaryDirectory(prefix="tfhpc-lock-") as tmp:
-        environment = _tls_environment()
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                    "--dest", tmp, requirement]
         if environment.get("SSL_CERT_FILE"):
@@ -161,12 +168,25 @@ def sdist_build_requirements(requirement: str) -> list[str]:
                             "or PIP_INDEX_URL")
         (archive,) = Path(tmp).glob("*.tar.gz")
         with tarfile.open(archive) as sdist:
-            member = next((m for m in sdist.getmembers() if m.name.count("/") == 1
-                           and m.name.endswith("/pyproject.toml")), None)
-            if member is None:
-                return list(LEGACY_BUILD_REQUIREMENTS)
-            pyproject = tomllib.loads(sdist.extractfile(member).read().decode())
-    return list(pyproject.get("build-system", {}).get("requires", LEGACY_BUILD_REQUIREMENTS))
+            sdist.extractall(tmp, filter="data")
+        (source,) = [path for path in Path(tmp).iterdir() if path.is_dir()]
+        pyproject = source / "pyproject.toml"
+        static = list(LEGACY_BUILD_REQUIREMENTS)
+        if pyproject.is_file():
+            static = tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", static)
+        venv = Path(tmp) / "venv"
+        steps = [[str(_uv()), "venv", "--quiet", "--seed", "--python", sys.executable, str(venv)],
+                 [str(_uv()), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), *static, "build"]]
+        for step in steps:
+            if subprocess.run(step, env=environment).returncode != 0:
+                raise UserError(f"cannot prepare the build requirements of {requirement} (uv's message above): "
+                                "check the network or PIP_INDEX_URL")
+        probe = subprocess.run([str(venv / "bin" / "python"), "-c", DYNAMIC_REQUIRES_PROBE], cwd=source,
+                               env=environment, capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise UserError(f"the build backend of {requirement} did not list its requirements: {probe.stderr[-300:]}")
+        dynamic = json.loads(probe.stdout.strip().splitlines()[-1])
+    return list(dict.fromkeys([*static, *dynamic]))
 
 
 def compile_lock(config: Config, spec: LockSpec, upgrade: bool = False) -> Path:

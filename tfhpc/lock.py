@@ -10,6 +10,7 @@ Horovod are compiled against it from the same sdists), one file per layer stage 
 | mpi.txt | mpi builder | the mpi4py sdist | `pip wheel --no-binary mpi4py` |
 | tensorflow.txt | tensorflow | TensorFlow, tf_keras, the GPU flavour's CUDA wheels, all they need | installed |
 | horovod.txt | horovod | the Horovod sdist (built in the builder), its run-time requirements | installed |
+| app.txt | app | TensorBoard, matplotlib and all they need | installed |
 | app-datasets.txt | app datasets | the scikit-learn wheel the digits data set is taken from | downloaded |
 
 Each installed lock is resolved with the locks below it as constraints (`--constraint`), so a package two layers
@@ -86,6 +87,9 @@ def lock_specs(config: Config) -> list[LockSpec]:
                  "requirements, installed in the horovod layer",
                  requirements=(f"horovod=={v['horovod']}",), constraints=("mpi", "tensorflow"),
                  metadata_env=HOROVOD_METADATA_ENV),
+        LockSpec("app", "app", "TensorBoard, matplotlib and every package they need, installed in the app layer",
+                 requirements=(f"tensorboard=={v['tensorboard']}", f"matplotlib=={v['matplotlib']}"),
+                 constraints=("mpi", "tensorflow", "horovod")),
         LockSpec("app-datasets", "app", "the scikit-learn wheel the app layer takes the digits data set from "
                  "(downloaded, not installed)",
                  requirements=(f"scikit-learn=={config.scikit_learn_digits}",), no_deps=True),

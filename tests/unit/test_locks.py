@@ -43,9 +43,10 @@ def test_every_package_is_pinned_with_its_hash(path):
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.locks)
 def test_layers_agree_on_shared_packages(config):
     """Each installed lock is resolved with the locks below it as constraints: a package two layers take has one
-    version, so the horovod layer's install changes nothing the tensorflow layer installed."""
+    version, so the horovod and app layers' installs change nothing a layer below installed (the app lock's numpy and
+    protobuf are the tensorflow lock's)."""
     versions = {}
-    for name in ("mpi", "tensorflow", "horovod"):
+    for name in ("mpi", "tensorflow", "horovod", "app"):
         for requirement in locked_packages(lock_dir(config) / f"{name}.txt"):
             package, _, version = requirement.partition("==")
             assert versions.setdefault(package, version) == version, (name, requirement)
@@ -68,6 +69,16 @@ def test_tensorflow_lock_holds_the_pins_of_versions_toml(config):
     horovod = locked_packages(lock_dir(config) / "horovod.txt")
     assert f"horovod=={config.versions['horovod']}" in horovod
     assert not any(r.startswith("cffi==") for r in horovod), "Horovod is built without PyTorch: no cffi"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.locks)
+def test_app_lock_holds_the_pins_of_versions_toml(config):
+    packages = {r.partition("==")[0]: r.partition("==")[2] for r in locked_packages(lock_dir(config) / "app.txt")}
+    for name in ("tensorboard", "matplotlib"):
+        assert packages[name] == config.versions[name]
+    tensorflow = locked_packages(lock_dir(config) / "tensorflow.txt")
+    for shared in ("numpy", "protobuf"):
+        assert f"{shared}=={packages[shared]}" in tensorflow, f"{shared}: the app lock has another version"
 
 
 def changed_config(tmp_path, old, new):

@@ -13,6 +13,7 @@ LAYER ?=##         last layer to build with `make image` (default: app, the leaf
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
+UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping the locked versions
 NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
 QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
 VENV ?= .venv##    host virtual environment for the tooling and tests
@@ -21,7 +22,7 @@ export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGIS
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -40,6 +41,9 @@ image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> ap
 
 sif: image ## convert the app image into build/sif/*.sif (apptainer on the host or in a helper)
 	$(PYTHON) -m tfhpc sif
+
+lock: venv ## regenerate locks/ (every layer's Python packages with their sha256 hashes) from versions.toml with uv
+	$(PYTHON) -m tfhpc lock $(if $(filter-out 0,$(UPGRADE)),--upgrade)
 
 recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the Dockerfiles, via spython)
 	$(PYTHON) -m tfhpc recipes

@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
                       help="PEM private key: the pushed SIF is signed with it (apptainer sign --key)")
 
+    lock = commands.add_parser("lock", help="write locks/<stack>-<flavor>/*.txt: every layer's Python packages, "
+                               "pinned with their hashes (uv pip compile)")
+    lock.add_argument("--check", action="store_true", help="exit 2 if a lock is out of date with versions.toml")
+    lock.add_argument("--upgrade", action="store_true",
+                      help="resolve every package anew (default: keep the locked versions the inputs still allow)")
+
     pipelines = commands.add_parser("pipelines", help="write ci/ (GitHub Actions, GitLab CI) from containers/layers.toml")
     pipelines.add_argument("--check", action="store_true", help="exit 1 if the committed pipelines are out of date")
 
@@ -126,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
                     raise UserError(f"recipes/native is out of date ({', '.join(stale)}): run `make recipes`")
                 return 0
             for path in write_all(manifest):
+                print(path)
+            return 0
+        if args.command == "lock":
+            from .lock import check_locks, lock_configurations, write_locks
+            if args.check:
+                for config in lock_configurations(manifest):
+                    check_locks(config)
+                return 0
+            for path in write_locks(manifest, args.upgrade):
                 print(path)
             return 0
         if args.command == "pipelines":

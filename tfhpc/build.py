@@ -13,6 +13,7 @@ import docker.errors
 
 from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
 from .dockerhost import build_cli, client
+from .lock import check_locks
 from .manifest import Config, check_base_source
 from .provenance import probe_image, update_images_json
 from .rootimage import resolve_root
@@ -82,6 +83,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
                 pip_index_url: str | None = None) -> list[str]:
     """Build `target` and its ancestors (root first). Returns the image names built."""
     check_base_source(base_source)
+    check_locks(config)  # before any build: the layers install from the locks only
     bundle = resolve_ca_bundle(ca_bundle)
     client()  # fail early, in one line, when the daemon is not there
     log(f"CA bundle for the build: {bundle or 'none'}")

@@ -22,6 +22,7 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarStri
 from .build import build_layer
 from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
 from .dockerhost import client
+from .lock import check_locks
 from .manifest import Config, Manifest
 from .provenance import probe_image, update_images_json
 from .rootimage import resolve_root
@@ -49,6 +50,7 @@ SCHEDULE = "17 3 * * 1"  # weekly, Monday 03:17 UTC: rebuild on the distribution
 def build_one_layer(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: str | None) -> str:
     """Build `layer` on its parent image, which must already be loaded (CI: from the parent job's artifact)."""
     import docker.errors
+    check_locks(config)
     parent_layer = manifest.layers.get(layer).parent
     if parent_layer:
         parent = config.image(parent_layer)

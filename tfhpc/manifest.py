@@ -131,6 +131,12 @@ class Config:
         return f"{IMAGE_PREFIX}-{layer}:{self.tag}"
 
     @property
+    def locks(self) -> str:
+        """The directory of this stack x flavour's lock files (tfhpc/lock.py), relative to the checkout; the MPI
+        choice changes no Python package."""
+        return f"locks/{self.stack}-{self.flavor}"
+
+    @property
     def tensorflow_distribution(self) -> str:
         """The wheel's name without extras: "tensorflow[and-cuda]" installs the distribution "tensorflow"."""
         return self.tensorflow_package.split("[", 1)[0]
@@ -163,6 +169,8 @@ class Config:
             "TENSORBOARD_VERSION": v["tensorboard"],
             "MATPLOTLIB_VERSION": v["matplotlib"],
             "SCIKIT_LEARN_DIGITS_VERSION": self.scikit_learn_digits,
+            # The stack x flavour's lock files (tfhpc/lock.py), from which the layers install their Python packages.
+            "LOCKS": self.locks,
             "FLAVOR": self.flavor,
             # GPU flavour only (empty for CPU): the CUDA library wheels TensorFlow was tested with, and Horovod's
             # CUDA toolchain in its builder stage.

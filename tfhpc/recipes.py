@@ -429,8 +429,10 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
     from .dockerhost import client
     from .apptainer import Apptainer, scratch_dir
     from .common import log
+    from .lock import check_locks
     from .rootimage import resolve_root
 
+    check_locks(config)  # the recipes install from the locks, as the Dockerfiles do
     recipes, args = check_committed(manifest, config)
     runtime = Apptainer.for_config(manifest, config, base_source, ca_bundle)
     root = resolve_root(config, base_source)

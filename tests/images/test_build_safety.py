@@ -1,5 +1,6 @@
-"""Build mechanics on a real engine: a failed layer build leaves the previous image and tag untouched, and a CA
-bundle given to the build reaches the RUN steps that need it but no layer, history entry or configuration."""
+"""Build mechanics on a real engine: a failed layer build (a hash mismatch against a lock among the causes) leaves the
+previous image and tag untouched, and a CA bundle given to the build reaches the RUN steps that need it but no layer,
+history entry or configuration."""
 import hashlib
 import uuid
 
@@ -8,6 +9,8 @@ import pytest
 from conftest import CONFIG
 from tfhpc import UserError
 from tfhpc.build import build_image
+from tfhpc.common import default_ca_bundle, resolve_ca_bundle
+from tfhpc.lock import lock_dir, locked_packages
 
 SCRATCH_IMAGE = "tfhpc-test-scratch:build-safety"
 
@@ -62,3 +65,22 @@ def test_ca_bundle_reaches_the_build_but_no_layer(tmp_path, docker_client, base_
             docker_client.images.remove(SCRATCH_IMAGE, force=True)
         except Exception:
             pass
+
+
+def test_hash_mismatch_fails_the_build_and_keeps_the_tag(tmp_path, docker_client, base_image, capfd):
+    """A locked package whose file does not match the lock's hash stops the build (pip --require-hashes, as the
+    layers install), and the tag stays on the previous image."""
+    entry = next(r for r in locked_packages(lock_dir(CONFIG) / "tensorflow.txt") if r.startswith("six=="))
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nUSER root\n"
+        "RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url "
+        f"echo '{entry} --hash=sha256:{'0' * 64}' > /tmp/lock.txt "
+        "&& build-pip install --require-hashes --no-deps -r /tmp/lock.txt\n")
+    before = docker_client.images.get(CONFIG.image("base")).id
+    with pytest.raises(UserError, match="was left as it was"):
+        build_image(CONFIG, dockerfile, CONFIG.image("base"), CONFIG.image("base"),
+                    resolve_ca_bundle(default_ca_bundle()))
+    assert docker_client.images.get(CONFIG.image("base")).id == before
+    output = capfd.readouterr()
+    assert "DO NOT MATCH THE HASHES" in output.out + output.err

@@ -166,7 +166,7 @@ def test_leaf_recipe_has_the_same_apps_help_and_test_as_the_converted_sif(manife
 def test_arg_without_default_becomes_a_build_argument_with_the_manifest_value(manifest, config):
     # singularity-cli issue 73: spython skips `ARG NAME` without a default.
     text = template(manifest, "mpi")
-    assert '"mpi4py=={{ MPI4PY_VERSION }}"' in text
+    assert "{{ LOCKS }}/mpi.txt /opt/tfhpc/locks/" in section(text, "%files").split("\n")
     assert "${MPI" not in text.replace("${TFHPC_MPI", "")  # no unresolved Docker ARG reference
     assert "export TFHPC_MPI={{ MPI }}" in section(text, "%environment")
     # no configuration value as a default: without the arguments file apptainer stops instead of guessing one
@@ -174,9 +174,9 @@ def test_arg_without_default_becomes_a_build_argument_with_the_manifest_value(ma
     with pytest.raises(KeyError, match="is not defined"):
         apptainer_substitute(text, {})
     args = build_args(manifest, config.tag)
-    for name in ("MPI", "MPI_PACKAGE_VERSION", "MPI4PY_VERSION"):
+    for name in ("MPI", "MPI_PACKAGE_VERSION", "LOCKS"):
         assert args[name] == config.build_args()[name]
-    assert f'"mpi4py=={args["MPI4PY_VERSION"]}"' in built(manifest, config, "mpi")
+    assert f'{args["LOCKS"]}/mpi.txt /opt/tfhpc/locks/' in built(manifest, config, "mpi")
 
 
 def test_multi_source_copy_keeps_every_source(manifest):
@@ -190,7 +190,7 @@ def test_every_stage_is_its_own_stage_and_bind_mounts_become_files_from_the_buil
     assert re.findall(r"^Stage: (\S+)$", text, re.M) == ["builder", "final"]
     assert "%files from builder\n    /wheels /wheels\n" in text
     final_post = section(text, "%post")
-    assert "build-pip install /wheels/horovod-*.whl\n) && rm -rf /wheels" in final_post
+    assert "-r /opt/tfhpc/locks/horovod.txt\n) && rm -rf /wheels" in final_post
     assert final_post.count("rm -rf /wheels") == 1  # only the RUN that had the bind mount
 
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tfhpc_runtime import fabric, hostenv
+from tfhpc_runtime import fabric, hostenv, singlecopy
 from tfhpc_runtime.cluster import PROXY_VARIABLES, ipv4_address, slurm_port_base, tf_config_problem
 from tfhpc_runtime.files import atomic_write_bytes
 from tfhpc_runtime.gpu import driver_cuda_version, nccl_version
@@ -293,6 +293,44 @@ def check_mpi_library(report, mpi_library, probe):
         report.add("mpi", "transport", INFO, loaded["transport"])
 
 
+OPEN_MPI_PARAMETER_FILE = "/etc/openmpi/openmpi-mca-params.conf"
+
+
+def open_mpi_parameter(name, path=None):
+    """The value of an MCA parameter in Open MPI's parameter file, or None."""
+    try:
+        lines = Path(path or OPEN_MPI_PARAMETER_FILE).read_text().splitlines()
+    except OSError:
+        return None
+    values = [line.partition("=")[2].strip() for line in lines if line.partition("=")[0].strip() == name]
+    return values[-1] if values else None
+
+
+def check_single_copy(report, environ=os.environ):
+    """Whether ranks of this node copy large messages once (CMA) or twice, who decided it and how to get single copy."""
+    decided = environ.get(singlecopy.DECIDED_VARIABLE)
+    source = "decided at start"
+    if not decided:
+        decided = singlecopy.prepare(dict(environ))[singlecopy.DECIDED_VARIABLE]
+        source = "probed by the doctor (no entrypoint decided for this process)"
+    vader = (environ.get(singlecopy.OPEN_MPI_4_VARIABLE)
+             or open_mpi_parameter(singlecopy.OPEN_MPI_4_VARIABLE.removeprefix("OMPI_MCA_")))
+    settings = [f"{name}={environ[name]}" for name in (singlecopy.MPICH_CMA_VARIABLE, singlecopy.OPEN_MPI_5_VARIABLE)
+                if name in environ]
+    if vader:
+        settings.insert(0, f"Open MPI 4 vader {vader}")
+    detail = f"{singlecopy.DECIDED_VARIABLE}={decided} ({source}); {', '.join(settings) or 'MPI defaults'}"
+    if decided == "cma" and vader != "none":
+        report.add("mpi", "single copy", OK, f"CMA (process_vm_readv) between the ranks of a node: {detail}")
+    elif decided == "cma":
+        report.add("mpi", "single copy", WARN, f"CMA is allowed but Open MPI copies twice: {detail}",
+                   f"unset {singlecopy.OPEN_MPI_4_VARIABLE} (about 2x the intra-node bandwidth for large messages)")
+    else:
+        report.add("mpi", "single copy", INFO, f"copy-in/copy-out between the ranks of a node: {detail}",
+                   "Docker/Podman: --cap-add SYS_PTRACE lets the ranks use CMA; ranks started from outside the "
+                   "container (mpiexec/srun ... apptainer): apptainer --sharens, or the image's own mpirun")
+
+
 def check_fabric(report, probe):
     """The libfabric providers this rank can use (fi_info, or libfabric itself, or its provider directory)."""
     loaded = (probe.get("loaded") or {}).get("fabric", {})
@@ -503,6 +541,7 @@ def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
     check_runtime(report)
     check_gpus(report, probe)
     check_mpi_library(report, mpi_library, probe)
+    check_single_copy(report)
     check_launcher(report, launch, probe, probe_error)
     check_fabric(report, probe)
     check_network(report)

@@ -27,3 +27,20 @@ def expected_collectives(size, sizes, dtypes):
             expected[f"sum/{dtype}/{n}"] = pattern_sum * size * (size + 1)
             expected[f"average/{dtype}/{n}"] = pattern_sum * (size + 1)
     return expected
+
+
+# An mpi4py program whose RESULT line says which single-copy path its rank took (tfhpc_runtime/singlecopy.py) and
+# whether a 16 MB float32 allreduce, far above the size from which Open MPI's vader and MPICH copy with CMA, was exact.
+SINGLE_COPY_ALLREDUCE = """
+import json, os
+import numpy as np
+from mpi4py import MPI
+world = MPI.COMM_WORLD
+data = np.full(4 * 1024 * 1024, world.rank + 1, dtype=np.float32)
+total = np.empty_like(data)
+world.Allreduce(data, total)
+names = ("TFHPC_SINGLE_COPY", "OMPI_MCA_btl_vader_single_copy_mechanism", "MPIR_CVAR_CH4_CMA_ENABLE", "OMPI_MCA_smsc")
+print("RESULT " + json.dumps({"rank": world.rank, "size": world.size,
+                              "exact": bool((total == world.size * (world.size + 1) / 2).all()),
+                              "environment": {name: os.environ.get(name) for name in names}}), flush=True)
+"""

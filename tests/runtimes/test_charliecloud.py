@@ -27,14 +27,14 @@ def test_runs_as_the_calling_unprivileged_user_on_a_read_only_image(ch_image):
 
 def test_set_env_gives_the_image_path_and_mpi_settings(ch_image, app_image):
     """Without --set-env ch-run passes the caller's environment only: the image's PATH (/opt/venv/bin) and its
-    OMPI_MCA_* settings come from /ch/environment."""
+    TFHPC_* settings come from /ch/environment."""
     done = ch_run(ch_image, ["env"])
     assert done.returncode == 0, done.stderr
     environment = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     for line in app_image.attrs["Config"]["Env"]:
         key, _, value = line.partition("=")
         assert environment.get(key) == value, key
-    bare = ch_run(ch_image, ["sh", "-c", 'echo "$PATH ${OMPI_MCA_btl_vader_single_copy_mechanism:-unset}"'],
+    bare = ch_run(ch_image, ["sh", "-c", 'echo "$PATH ${TFHPC_MPI:-unset}"'],
                   set_env=False)
     assert bare.stdout.split() == [user_environment()["PATH"], "unset"]
 

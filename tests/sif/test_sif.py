@@ -6,6 +6,7 @@ import shlex
 import pytest
 
 from conftest import CONFIG, REPO_ROOT
+from stack import SINGLE_COPY_ALLREDUCE
 from tfhpc.manifest import upstream_version
 
 
@@ -47,6 +48,17 @@ def test_two_ranks_with_the_images_mpirun(user_host, in_sif):
     out = user_host.check_output(f"apptainer exec {in_sif} mpirun -np 2 tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
     check_collectives(results(out, 2))
+
+
+def test_ranks_of_the_images_mpirun_copy_once_with_cma(user_host, in_sif):
+    """Apptainer does not filter process_vm_readv: the ranks that the SIF's own mpirun starts use CMA (about twice
+    the intra-node bandwidth of copy-in/copy-out for large messages, docs/measurements.md), and the result is exact."""
+    program = shlex.quote(SINGLE_COPY_ALLREDUCE)
+    out = user_host.check_output(f"apptainer exec {in_sif} mpirun -np 2 python3 -c {program}")
+    for report in results(out, 2):
+        assert report["exact"] and report["environment"]["TFHPC_SINGLE_COPY"] == "cma", report
+        if CONFIG.mpi == "openmpi" and CONFIG.flavor == "cpu":
+            assert report["environment"]["OMPI_MCA_btl_vader_single_copy_mechanism"] == "cma", report
 
 
 def test_two_ranks_over_gloo(user_host, in_sif):
@@ -160,6 +172,16 @@ def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
     out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
     check_collectives(results(out, 2))
+
+
+@pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")
+def test_ranks_of_an_outer_mpirun_copy_through_shared_memory(user_host, in_sif):
+    """Unprivileged Apptainer gives each rank that an outer mpirun starts its own user namespace, where
+    process_vm_readv between ranks is refused: the ranks see their launcher outside and leave CMA off."""
+    out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} python3 -c {shlex.quote(SINGLE_COPY_ALLREDUCE)}")
+    for report in results(out, 2):
+        assert report["exact"], report
+        assert report["environment"]["TFHPC_SINGLE_COPY"].startswith("none: each rank in its own user namespace")
 
 
 def test_signed_sif_verifies_only_with_its_key(user_host, in_sif, apptainer_container):

@@ -111,3 +111,26 @@ def test_the_probe_error_skips_tensorflow_log_lines(monkeypatch):
     monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: done)
     probe, error = doctor.run_probe(10)
     assert probe == {} and error.startswith("exit 1: tensorflow.python") and "oneDNN" not in error
+
+
+def single_copy_check(environ, monkeypatch, parameter_file):
+    doctor = load_doctor()
+    monkeypatch.setattr(doctor, "OPEN_MPI_PARAMETER_FILE", str(parameter_file))
+    report = doctor.Report()
+    doctor.check_single_copy(report, environ)
+    (check,) = [c for c in report.checks if c["name"] == "single copy"]
+    return check
+
+
+def test_doctor_reports_single_copy_and_how_to_get_it(monkeypatch, tmp_path):
+    conf = tmp_path / "openmpi-mca-params.conf"
+    conf.write_text("btl = ^openib\n# tfhpc\nbtl_vader_single_copy_mechanism = none\n")
+    allowed = single_copy_check({"TFHPC_SINGLE_COPY": "cma", "OMPI_MCA_btl_vader_single_copy_mechanism": "cma"},
+                                monkeypatch, conf)
+    assert allowed["status"] == "ok" and "Open MPI 4 vader cma" in allowed["detail"]
+    refused = single_copy_check({"TFHPC_SINGLE_COPY": "none: process_vm_readv: Operation not permitted"},
+                                monkeypatch, conf)
+    assert refused["status"] == "info" and "Open MPI 4 vader none" in refused["detail"]
+    assert "--cap-add SYS_PTRACE" in refused["fix"]
+    forced = single_copy_check({"TFHPC_SINGLE_COPY": "cma"}, monkeypatch, conf)   # the file's none, CMA allowed
+    assert forced["status"] == "warn" and "unset" in forced["fix"]

@@ -12,21 +12,41 @@ def test_the_probe_answers_without_leaving_processes():
     assert leftover == []
 
 
-def test_refused_cma_switches_mpichs_path_off_once():
+def test_refused_cma_switches_every_mpis_path_off_once():
     environ = {}
     changes = singlecopy.apply(environ, outside=lambda: None, probe=lambda: "process_vm_readv: Operation not permitted")
     assert changes == {"TFHPC_SINGLE_COPY": "none: process_vm_readv: Operation not permitted",
-                       "MPIR_CVAR_CH4_CMA_ENABLE": "0"}
+                       "MPIR_CVAR_CH4_CMA_ENABLE": "0", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                       "OMPI_MCA_smsc": "^cma"}
     assert singlecopy.apply(environ, outside=lambda: 1 / 0) == {}   # decided: the children do not probe again
 
 
-def test_allowed_cma_changes_nothing_but_the_record():
-    assert singlecopy.prepare({}, outside=lambda: None, probe=lambda: None) == {"TFHPC_SINGLE_COPY": "cma"}
+def test_allowed_cma_turns_open_mpi_4s_single_copy_on():
+    assert singlecopy.prepare({}, outside=lambda: None, probe=lambda: None) == {
+        "TFHPC_SINGLE_COPY": "cma", "OMPI_MCA_btl_vader_single_copy_mechanism": "cma"}
 
 
 def test_the_callers_setting_wins():
-    changes = singlecopy.prepare({"MPIR_CVAR_CH4_CMA_ENABLE": "1"}, outside=lambda: None, probe=lambda: "refused")
-    assert "MPIR_CVAR_CH4_CMA_ENABLE" not in changes
+    changes = singlecopy.prepare({"MPIR_CVAR_CH4_CMA_ENABLE": "1", "OMPI_MCA_smsc": "xpmem"},
+                                 outside=lambda: None, probe=lambda: "refused")
+    assert "MPIR_CVAR_CH4_CMA_ENABLE" not in changes and "OMPI_MCA_smsc" not in changes
+    assert changes["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    kept = singlecopy.prepare({"OMPI_MCA_btl_vader_single_copy_mechanism": "emulated"}, outside=lambda: None,
+                              probe=lambda: None)
+    assert kept == {"TFHPC_SINGLE_COPY": "cma"}
+
+
+def test_only_mpi_ranks_decide_at_interpreter_start(monkeypatch):
+    calls = []
+    monkeypatch.setattr(singlecopy, "apply", lambda environ: calls.append(dict(environ)) or {"TFHPC_SINGLE_COPY": "x"})
+    assert singlecopy.at_rank_start({"PATH": "/usr/bin"}) == {} and calls == []         # pip, python3 -c, ...
+    assert singlecopy.at_rank_start({"PMIX_RANK": "0", "TFHPC_SINGLE_COPY": "cma"}) == {} and calls == []
+    assert singlecopy.at_rank_start({"OMPI_COMM_WORLD_SIZE": "2"}) == {"TFHPC_SINGLE_COPY": "x"}
+
+
+def test_a_failing_decision_never_stops_the_interpreter(monkeypatch):
+    monkeypatch.setattr(singlecopy, "apply", lambda environ: 1 / 0)
+    assert singlecopy.at_rank_start({"PMI_RANK": "1"}) == {}
 
 
 def fake_proc(root, own_ns, processes):

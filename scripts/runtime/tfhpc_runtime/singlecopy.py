@@ -2,8 +2,10 @@
 process_vm_readv), decided at run time: Docker's and Podman's default seccomp profiles forbid process_vm_readv
 without CAP_SYS_PTRACE, Apptainer, Charliecloud and bare metal allow it.
 
-An MPI that uses CMA and meets the refusal aborts in its first large intra-node transfer (measured: PyPI's MPICH
-5 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce).
+An MPI that uses CMA and meets the refusal aborts or fails in its first large intra-node transfer (measured: PyPI's
+MPICH 5 under Docker, `MPIDI_CMA_copy_data: process_vm_readv failed (errno 1)` in Horovod's first 16 KB allreduce;
+Open MPI 4's vader, "Read -1, expected ..., errno = 1", https://github.com/open-mpi/ompi/issues/4948). Where CMA is
+allowed it doubles a large intra-node allreduce (measured in the SIF: 0.46 GB/s without, 0.95 GB/s with).
 Two checks, in order:
 1. Ranks started from outside the container, one container each (`mpiexec ... apptainer exec`, `srun ... apptainer
    exec` with unprivileged Apptainer): each rank has its own user namespace and none may read another's memory
@@ -11,17 +13,27 @@ Two checks, in order:
    proxy, orted, prted, slurmstepd, ...) living in another user namespace, or one this process cannot inspect.
    Apptainer's --sharens puts such ranks in one namespace; TFHPC_SINGLE_COPY=cma then keeps CMA on.
 2. The probe: two forked processes, one reading the other's memory, as sibling ranks do (the reader is not the
-   target's parent, so Yama's ptrace_scope=1 applies as between ranks). Where it fails, MPICH's CMA path is switched off
-(MPIR_CVAR_CH4_CMA_ENABLE=0) unless the caller set that variable. Applied by the entrypoint before any command
-(tfhpc-entrypoint; hostenv covers the host MPIs this matters for); the result is kept in TFHPC_SINGLE_COPY for the
-doctor and for the processes the command starts, which then do not probe again.
+   target's parent, so Yama's ptrace_scope=1 applies as between ranks).
+The decision, unless the caller set the variable concerned:
+- allowed: Open MPI 4's vader uses CMA (btl_vader_single_copy_mechanism=cma; the image's Open MPI parameter file
+  says `none`, the safe choice for a process nobody decided for); MPICH and Open MPI 5 (smsc) use it by default.
+- refused: MPICH's CMA path off (MPIR_CVAR_CH4_CMA_ENABLE=0), Open MPI 4 copies through shared memory (`none`),
+  Open MPI 5 leaves out its cma single-copy component (smsc=^cma).
+Applied by the entrypoint before any command (tfhpc-entrypoint), and at the start of every Python process of an MPI
+rank that nobody decided for (at_rank_start, from a .pth file of the app image: `docker exec ... mpirun`, `apptainer
+exec ... python`). The result is kept in TFHPC_SINGLE_COPY for the doctor and for the processes the command starts,
+which then do not probe again.
 """
-import ctypes
 import os
 import signal
 
 DECIDED_VARIABLE = "TFHPC_SINGLE_COPY"   # "cma" or "none: <why>"
 MPICH_CMA_VARIABLE = "MPIR_CVAR_CH4_CMA_ENABLE"
+OPEN_MPI_4_VARIABLE = "OMPI_MCA_btl_vader_single_copy_mechanism"
+OPEN_MPI_5_VARIABLE = "OMPI_MCA_smsc"
+# Set in every rank by the launchers the images meet (Open MPI, PMIx, MPICH's hydra and PMI-2, Slurm): the process
+# is an MPI rank, or a launcher whose ranks inherit its environment.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD", "PMI_SIZE", "SLURM_STEP_ID")
 LAUNCHERS = {"hydra_pmi_proxy", "hydra_bstrap_proxy", "mpiexec", "mpiexec.hydra", "mpirun", "orterun", "orted",
              "prterun", "prted", "slurmstepd", "srun"}
 
@@ -56,12 +68,13 @@ def launcher_outside(proc="/proc", pid=None):
     return None
 
 
-class _IOVec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
 def cma_probe():
     """None when one process can read a sibling's memory with process_vm_readv, else why not (a short text)."""
+    import ctypes  # here, not at the top: at_rank_start imports this module in every rank's Python
+
+    class _IOVec(ctypes.Structure):
+        _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "process_vm_readv"):
         return "no process_vm_readv in the C library"
@@ -115,13 +128,13 @@ def prepare(environ, outside=launcher_outside, probe=cma_probe):
     else:
         refused = probe()
     if refused is None:
-        return {DECIDED_VARIABLE: "cma"}
-    changes = {DECIDED_VARIABLE: f"none: {refused}"}
-    if MPICH_CMA_VARIABLE not in environ:
-        changes[MPICH_CMA_VARIABLE] = "0"
-    if launcher and "UCX_POSIX_USE_PROC_LINK" not in environ:
-        changes["UCX_POSIX_USE_PROC_LINK"] = "n"
-    return changes
+        settings = {DECIDED_VARIABLE: "cma", OPEN_MPI_4_VARIABLE: "cma"}
+    else:
+        settings = {DECIDED_VARIABLE: f"none: {refused}", MPICH_CMA_VARIABLE: "0", OPEN_MPI_4_VARIABLE: "none",
+                    OPEN_MPI_5_VARIABLE: "^cma"}
+        if launcher:
+            settings["UCX_POSIX_USE_PROC_LINK"] = "n"
+    return {name: value for name, value in settings.items() if name == DECIDED_VARIABLE or name not in environ}
 
 
 def apply(environ=None, **options):
@@ -129,3 +142,15 @@ def apply(environ=None, **options):
     changes = prepare(environ, **options)
     environ.update(changes)
     return changes
+
+
+def at_rank_start(environ=None):
+    """Decide for an MPI rank's Python process that no entrypoint decided for, before it loads MPI: run from the app
+    image's tfhpc-singlecopy.pth at interpreter start. Quiet: a failure leaves the image's safe defaults."""
+    environ = os.environ if environ is None else environ
+    if environ.get(DECIDED_VARIABLE) or not any(name in environ for name in RANK_VARIABLES):
+        return {}
+    try:
+        return apply(environ)
+    except Exception:  # noqa: BLE001 (never stop a rank's interpreter from starting)
+        return {}

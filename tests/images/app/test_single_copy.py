@@ -1,0 +1,57 @@
+"""Single copy between the ranks of one node, decided at run time (tfhpc_runtime/singlecopy.py): under Docker's
+default seccomp profile process_vm_readv is refused and every rank copies through shared memory; with
+`--cap-add SYS_PTRACE` the same image uses CMA. Both started as `docker exec ... mpirun`, which no entrypoint sees:
+the ranks' Python decides at start (tfhpc-singlecopy.pth). A 16 MB allreduce, exact, proves the chosen path works."""
+import json
+import shlex
+
+import pytest
+
+from conftest import CONFIG, run_ranks, start_container
+from stack import SINGLE_COPY_ALLREDUCE
+
+COMMAND = f"mpirun -np 2 python3 -c {shlex.quote(SINGLE_COPY_ALLREDUCE)}"
+
+
+@pytest.fixture(scope="module")
+def ptrace_host(docker_client, image):
+    import testinfra
+    running = start_container(docker_client, image, cap_add=["SYS_PTRACE"])
+    try:
+        yield testinfra.get_host(f"docker://{running.id}")
+    finally:
+        running.remove(force=True)
+
+
+def test_docker_default_seccomp_copies_through_shared_memory(host, image_layer):
+    reports = run_ranks(host, COMMAND, 2)
+    for report in reports:
+        environment = report["environment"]
+        assert report["exact"] and report["size"] == 2, report
+        assert environment["TFHPC_SINGLE_COPY"].startswith("none: process_vm_readv: Operation not permitted"), report
+        assert environment["MPIR_CVAR_CH4_CMA_ENABLE"] == "0" and environment["OMPI_MCA_smsc"] == "^cma"
+        assert environment["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+
+
+def test_sys_ptrace_lets_the_same_image_use_cma(ptrace_host, image_layer):
+    reports = run_ranks(ptrace_host, COMMAND, 2)
+    for report in reports:
+        environment = report["environment"]
+        assert report["exact"] and report["size"] == 2, report
+        assert environment["TFHPC_SINGLE_COPY"] == "cma", report
+        assert environment["MPIR_CVAR_CH4_CMA_ENABLE"] is None and environment["OMPI_MCA_smsc"] is None
+        assert environment["OMPI_MCA_btl_vader_single_copy_mechanism"] == "cma"
+
+
+@pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the parameter file is Open MPI 4's")
+def test_the_image_default_without_a_decision_is_copy_in_copy_out(host, image_layer):
+    """A process nobody decided for (not a rank, no entrypoint) gets Open MPI's safe setting from its parameter file."""
+    out = host.check_output("ompi_info --parsable --param btl vader --level 9")
+    assert "btl_vader_single_copy_mechanism:value:none" in out and "single_copy_mechanism:source:file" in out
+
+
+def test_the_doctor_reports_the_decision(host, image_layer):
+    out = host.check_output("tfhpc-doctor --json")
+    report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    (check,) = [c for c in report["checks"] if c["name"] == "single copy"]
+    assert check["status"] == "info" and "SYS_PTRACE" in check["fix"], check

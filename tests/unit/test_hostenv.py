@@ -181,3 +181,11 @@ def test_a_host_libs_directory_that_is_not_there_is_refused(value):
         hostenv.prepare({hostenv.HOST_LIBS_VARIABLE: value}, family="mpich")
     message = str(error.value)
     assert "\n" not in message and value in message and "-B" in message
+
+
+def test_srun_pmi2_gives_mpich_the_ofi_network_module():
+    slurm = {"SLURM_MPI_TYPE": "pmi2", "PMI_FD": "5"}
+    assert hostenv.prepare(slurm)["MPIR_CVAR_CH4_NETMOD"] == "ofi"
+    assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({**slurm, "MPIR_CVAR_CH4_NETMOD": "ucx"}), "caller's choice"
+    assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({"SLURM_MPI_TYPE": "pmix", "PMIX_RANK": "0"})
+    assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({"PMI_FD": "5"}), "hydra's mpiexec reads whole lines"

@@ -22,6 +22,14 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
 3. TFHPC_HOST_LIBS=<dir>[:<dir>...]: host library directories put next on LD_LIBRARY_PATH (after the host MPI's, if
    any): what the host MPI needs from elsewhere (libfabric, libcxi, PMI), or, alone, a host libfabric in place of the
    image's for the image's own MPI (the model of the CSCS Container Engine's CXI hook). Each must exist.
+4. Under `srun --mpi=pmi2` (SLURM_MPI_TYPE=pmi2, a PMI_FD) MPICH's network module is OFI unless the caller chose
+   (MPIR_CVAR_CH4_NETMOD): Slurm's pmi2 plugin reads a PMI-1 request with one read of at most 1024 bytes
+   (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd: "TODO: read until newline"), and MPICH's UCX module publishes
+   worker addresses in longer `put` requests, which it misparses ("mpi/pmi2: value not properly terminated in client
+   request"; also https://github.com/ufs-community/ufs-weather-model/issues/1732); MPI_Init then waits until the
+   time limit. Measured with PyPI's MPICH 5 (UCX and OFI built in) starting Horovod on 2 Slurm 22.05 nodes: 3 of 4
+   starts hung with UCX, 5 of 5 started with OFI. Its PMI-2 wire protocol (MPIR_CVAR_PMI_VERSION=2) failed in
+   MPIR_pmi_init. MPI libraries without that variable (Intel MPI, Cray MPICH, Open MPI) ignore it.
 """
 import hashlib
 import os
@@ -32,6 +40,7 @@ from pathlib import Path
 KEEP_VARIABLE = "TFHPC_KEEP_HOST_ENV"
 HOST_MPI_VARIABLE = "TFHPC_HOST_MPI"
 HOST_LIBS_VARIABLE = "TFHPC_HOST_LIBS"
+NETMOD_VARIABLE = "MPIR_CVAR_CH4_NETMOD"
 REMOVED_VARIABLE = "TFHPC_HOST_ENV_REMOVED"     # what was removed, for the doctor
 LIBDIR_VARIABLE = "TFHPC_HOST_MPI_LIBDIR"       # the host library directory put first, for the doctor
 
@@ -152,6 +161,8 @@ def prepare(environ, family=None, alias_base=None):
         if removed:
             earlier = [n for n in environ.get(REMOVED_VARIABLE, "").split(",") if n]
             changes[REMOVED_VARIABLE] = ",".join(dict.fromkeys(earlier + removed))
+    if environ.get("SLURM_MPI_TYPE") == "pmi2" and environ.get("PMI_FD") and NETMOD_VARIABLE not in environ:
+        changes[NETMOD_VARIABLE] = "ofi"
     host_libs = [d for d in environ.get(HOST_LIBS_VARIABLE, "").split(":") if d]
     for directory in host_libs:
         if not Path(directory).is_absolute() or not Path(directory).is_dir():

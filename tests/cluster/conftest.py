@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 
+from ch_images import directory_image
 from harness import Cluster, image_node_image, slurm_node_image
 from site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
 from tfhpc.apptainer import build_helper_image
@@ -70,32 +71,11 @@ def sif():
 
 @pytest.fixture(scope="module")
 def ch_directory_image(tmp_path_factory):
-    """The app image as a Charliecloud directory image (the export archive plus /ch/environment, converted by the
-    host's ch-convert -i tar -o dir, as tests/runtimes does), for `srun ... ch-run` on the Slurm nodes."""
-    import tarfile
+    """The app image as a Charliecloud directory image (tests/ch_images.py, as tests/runtimes makes it), for
+    `srun ... ch-run` on the Slurm nodes."""
     from tfhpc.dockerhost import client
-    for tool in ("ch-convert",):
-        if not shutil.which(tool):
-            pytest.fail(f"{tool} not found: install it with `apt-get install charliecloud` (Debian 12)")
     work = tmp_path_factory.mktemp("charliecloud")
-    image = client().images.get(CONFIG.image(MANIFEST.layers.leaf))
-    archive = work / "app.tar"
-    container = client().containers.create(image.id)
-    try:
-        with archive.open("wb") as handle:
-            for chunk in container.export(chunk_size=1 << 20):
-                handle.write(chunk)
-    finally:
-        container.remove(force=True)
-    environment = work / "environment"
-    environment.write_text("".join(f"{line}\n" for line in image.attrs["Config"]["Env"]))
-    with tarfile.open(archive, "a") as tar:
-        tar.add(environment, arcname="ch/environment")
-    target = work / "app"
-    done = subprocess.run(["ch-convert", "--tmp", str(work), "-i", "tar", "-o", "dir", str(archive), str(target)],
-                          capture_output=True, text=True, timeout=900)
-    archive.unlink()
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    target = directory_image(client(), client().images.get(CONFIG.image(MANIFEST.layers.leaf)), work, work / "app")
     work.chmod(0o755)
     yield target
     shutil.rmtree(work, ignore_errors=True)

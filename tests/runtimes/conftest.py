@@ -13,11 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
+from ch_images import directory_image
 from runtime_helpers import (CONFIG, LABEL, LEAF, MANIFEST, SESSION, WORK_ROOT, label, podman_base, podman_runroot,
                              run_in, user_environment)
 
@@ -95,35 +95,13 @@ def require(*tools, package):
         pytest.fail(f"{', '.join(missing)} not found: install it with `apt-get install {package}` (Debian 12)")
 
 
-def export_archive(docker_client, image, path):
-    """`docker export` of a fresh container of `image` into the file `path` (the container is removed)."""
-    container = docker_client.containers.create(image.id, labels=label("export"))
-    try:
-        with path.open("wb") as handle:
-            for chunk in container.export(chunk_size=1 << 20):
-                handle.write(chunk)
-    finally:
-        container.remove(force=True)
-
-
 @pytest.fixture(scope="session")
 def ch_image(docker_client, app_image, work_dir):
-    """Directory image for ch-run: the export archive with /ch/environment added (what ch-convert -i docker does
-    itself, through a gzip it does not need), converted by ch-convert -i tar -o dir."""
-    require("ch-convert", "ch-run", package="charliecloud")
-    archive = work_dir / "app-export.tar"
-    export_archive(docker_client, app_image, archive)
-    environment = work_dir / "environment"
-    environment.write_text("".join(f"{line}\n" for line in app_image.attrs["Config"]["Env"]))
-    with tarfile.open(archive, "a") as tar:
-        tar.add(environment, arcname="ch/environment")
+    """Directory image for ch-run (tests/ch_images.py), converted as the unprivileged user who runs it."""
     target = work_dir / "charliecloud" / "app"
     target.parent.mkdir()
-    done = subprocess.run(["ch-convert", "--tmp", str(work_dir), "-i", "tar", "-o", "dir", str(archive), str(target)],
-                          capture_output=True, text=True, timeout=900, env={**os.environ, **user_environment()})
-    archive.unlink()
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return target
+    return directory_image(docker_client, app_image, work_dir, target, labels=label("export"),
+                           env={**os.environ, **user_environment()})
 
 
 @pytest.fixture(scope="session")

@@ -121,6 +121,8 @@ class Config:
     layers: Layers = field(repr=False)
     gpu: dict = field(default_factory=dict)  # the stack's [stacks.<name>.gpu] table in the GPU flavour, else empty
     scikit_learn_digits: str = ""  # the scikit-learn wheel whose digits data set the app layer ships
+    # Bounds the image's venv must meet beyond the pinned packages' own requirements (tfhpc/lock.py applies them)
+    lock_constraints: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -284,6 +286,7 @@ class Manifest:
             layers=self.layers,
             gpu=gpu,
             scikit_learn_digits=str(spec.get("scikit_learn_digits", "")),
+            lock_constraints=tuple(spec.get("lock_constraints", ())),
         )
 
 

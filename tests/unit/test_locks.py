@@ -81,6 +81,24 @@ def test_app_lock_holds_the_pins_of_versions_toml(config):
         assert f"{shared}=={packages[shared]}" in tensorflow, f"{shared}: the app lock has another version"
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.locks)
+def test_installed_locks_meet_the_stacks_lock_constraints(config):
+    """versions.toml's lock_constraints bound what the image's venv gets (conservative: setuptools < 82, which still
+    has the pkg_resources that TensorBoard 2.15 imports)."""
+    from packaging.requirements import Requirement
+    for bound in map(Requirement, config.lock_constraints):
+        for name in ("tensorflow", "horovod", "app"):
+            for requirement in locked_packages(lock_dir(config) / f"{name}.txt"):
+                package, _, version = requirement.partition("==")
+                if package == bound.name:
+                    assert bound.specifier.contains(version), (name, requirement, str(bound))
+
+
+def test_conservative_stack_keeps_pkg_resources_for_tensorboard():
+    config = Manifest().config("conservative")
+    assert "setuptools<82" in config.lock_constraints
+
+
 def changed_config(tmp_path, old, new):
     text = (REPO_ROOT / "versions.toml").read_text()
     assert old in text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker.errors
 
-from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
+from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date, source_epoch
 from .dockerhost import build_cli, client
 from .lock import check_locks
 from .manifest import Config, check_base_source
@@ -35,14 +35,17 @@ def proxy_build_args(environ: dict[str, str] | None = None) -> list[str]:
 
 def build_image(config: Config, dockerfile: Path, image: str, parent_image: str, ca_bundle: Path | None,
                 pip_index_url: str | None = None, labels: dict[str, str] | None = None,
-                extra_args: dict[str, str] | None = None, shown_as: str | None = None) -> str:
+                extra_args: dict[str, str] | None = None, shown_as: str | None = None,
+                target: str | None = None) -> str:
     """Build `dockerfile` (context: the checkout) on `parent_image` (its BASE_IMAGE) with the configuration's build
     arguments and tag it `image` only if the build succeeds, so a failed build leaves the previous image in place.
-    `shown_as`: the name to report when `image` is a staging tag (see build_stack)."""
+    `shown_as`: the name to report when `image` is a staging tag (see build_stack); `target`: a stage to stop at."""
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
                 "--build-arg", f"BASE_IMAGE={parent_image}"]
+        if target:
+            args += ["--target", target]
         for key, value in {**config.build_args(), **(extra_args or {})}.items():
             args += ["--build-arg", f"{key}={value}"]
         for key, value in (labels or {}).items():
@@ -66,14 +69,26 @@ def build_image(config: Config, dockerfile: Path, image: str, parent_image: str,
     return image
 
 
+def layer_inputs(config: Config, layer: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and the build arguments beyond the manifest's of the stack's layer `layer`. Only the leaf carries
+    per-commit values (revision, creation time, its SBOM's name and timestamp): on the layers below they would change
+    the image id at every commit and void the cache of everything built on top. The time is the source's
+    (source_epoch), so a warm rebuild of the same commit gives the same image id and `make sif` does not convert
+    again."""
+    if layer != config.layers.leaf:
+        return config.labels(layer), {}
+    return (config.labels(layer, git_revision(), source_date()),
+            {"SBOM_IMAGE": config.image(layer), "SBOM_SOURCE_EPOCH": str(source_epoch())})
+
+
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
-                pip_index_url: str | None, labels: dict[str, str], image: str | None = None,
-                shown_as: str | None = None) -> str:
+                pip_index_url: str | None, image: str | None = None, shown_as: str | None = None) -> str:
     """Build the stack's layer `layer` (containers/<layer>/Dockerfile) as `image` (default: its stack name)."""
     image = image or config.image(layer)
+    labels, extra_args = layer_inputs(config, layer)
     try:
         return build_image(config, REPO_ROOT / "containers" / layer / "Dockerfile", image, parent_image, ca_bundle,
-                           pip_index_url, labels, shown_as=shown_as)
+                           pip_index_url, labels, extra_args, shown_as=shown_as)
     except UserError:
         raise UserError(f"building layer '{layer}' failed (build log above); {shown_as or image} was left as it "
                         "was") from None
@@ -89,7 +104,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     log(f"CA bundle for the build: {bundle or 'none'}")
     chain = config.layers.chain(target)
     started = time.monotonic()
-    parent = resolve_root(config, base_source)
+    parent = root = resolve_root(config, base_source)
     timings = {"root": round(time.monotonic() - started, 1)}
     # Each layer is built under a staging tag and the stack's tags move only once every layer has built: a failure
     # half-way would otherwise leave new lower layers tagged beside upper layers built on the old ones.
@@ -98,14 +113,9 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     try:
         for layer in chain:
             layer_started = time.monotonic()
-            # Only the leaf carries per-commit labels: on the layers below they would change the image id at every
-            # commit and void the cache of everything built on top. Its creation time is the source's (source_date),
-            # so a warm rebuild of the same commit gives the same image id and `make sif` does not convert again.
-            labels = (config.labels(layer, git_revision(), source_date()) if layer == config.layers.leaf
-                      else config.labels(layer))
             final = config.image(layer)
             try:
-                parent = build_layer(config, layer, parent, bundle, pip_index_url, labels,
+                parent = build_layer(config, layer, parent, bundle, pip_index_url,
                                      image=f"{final}-{staging}", shown_as=final)
             except UserError:
                 raise UserError(f"building layer '{layer}' failed (build log above); no tag of the stack was moved, "
@@ -127,6 +137,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     records = [probe_image(config, image) for image in built]
     for image, record in zip(built, records):
         update_images_json(image, record)
+    record_sbom_and_provenance(config, dict(zip(chain, [None, *built[:-1]])), root, bundle, pip_index_url)
     record_build_benchmark(config, timings, records)
     return built
 
@@ -142,3 +153,20 @@ def record_build_benchmark(config: Config, timings: dict, records: list[dict]) -
     with path.open("a") as handle:
         handle.write(json.dumps(entry) + "\n")
     log("build times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()))
+
+
+def record_sbom_and_provenance(config: Config, parents: dict[str, str | None], root_image: str | None,
+                               ca_bundle: Path | None, pip_index_url: str | None) -> None:
+    """build/sbom/ and build/provenance/ for the built layers `parents` (layer -> the stack image it was built on,
+    None for the first layer). `root_image`: the OS root under the first layer; None: as the first layer's
+    statement in build/provenance/ recorded it (CI builds one layer per job)."""
+    from .sbom import file_name, sbom_path, write_sboms
+    from .slsa import image_statement, recorded_root, root_material, statement_path, write_statement
+    write_sboms(config, [config.image(layer) for layer in parents], ca_bundle, pip_index_url)
+    root = root_material(config, root_image) if root_image else recorded_root(config)
+    for layer, parent in parents.items():
+        image = config.image(layer)
+        build_args = {**config.build_args(), **layer_inputs(config, layer)[1]}
+        write_statement(statement_path(file_name(image)),
+                        image_statement(config, image, parent, root, build_args, sbom_path(image)))
+    log(f"provenance: {statement_path('*').relative_to(REPO_ROOT)}")

@@ -19,8 +19,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
-from .build import build_layer
-from .common import REPO_ROOT, UserError, git_revision, log, resolve_ca_bundle, source_date
+from .build import build_layer, record_sbom_and_provenance
+from .common import REPO_ROOT, UserError, log, resolve_ca_bundle
 from .dockerhost import client
 from .lock import check_locks
 from .manifest import Config, Manifest
@@ -61,13 +61,16 @@ def build_one_layer(manifest: Manifest, config: Config, layer: str, base_source:
                             "(or run `make image LAYER=" + layer + "`)") from None
     else:
         parent = resolve_root(config, base_source)
-    # As `make image` does (tfhpc/build.py build_stack): per-commit labels, the source's time, on the leaf only.
-    labels = (config.labels(layer, git_revision(), source_date()) if layer == manifest.layers.leaf
-              else config.labels(layer))
-    image = build_layer(config, layer, parent, resolve_ca_bundle(ca_bundle), None, labels)
+    bundle = resolve_ca_bundle(ca_bundle)
+    image = build_layer(config, layer, parent, bundle, None)
     update_images_json(image, probe_image(config, image))
+    record_sbom_and_provenance(config, {layer: parent if parent_layer else None},
+                               None if parent_layer else parent, bundle, None)
     log(f"built {image} on {parent}")
     return image
+
+# What a job hands to the next beside images and SIF: what the images report, their SBOMs and provenance.
+BUILD_RECORDS = ["build/images.json", "build/sbom/", "build/provenance/"]
 
 # The commands both pipelines run. $PYTHON is the venv's interpreter (each pipeline's top-level variables).
 LINT = "make test-unit"
@@ -192,11 +195,11 @@ def github_pipeline(manifest: Manifest) -> CommentedMap:
         jobs[f"build-{layer}"] = _matrix_job(
             {"needs": f"build-{parent}" if parent else "lint", "timeout-minutes": 120}, mpis,
             [*load, _run(build_command(layer)), _run(save_chain_command(manifest, layer)),
-             _upload(f"images-{layer}-{MATRIX_MPI}", ["images.tar.zst", "build/images.json"])])
+             _upload(f"images-{layer}-{MATRIX_MPI}", ["images.tar.zst", *BUILD_RECORDS])])
     jobs["sif"] = _matrix_job({"needs": f"build-{leaf}", "timeout-minutes": 60}, mpis, [
         _download(f"images-{leaf}-{MATRIX_MPI}"), _run("zstd -dc images.tar.zst | docker load && rm images.tar.zst"),
         _run(SIF, SIF_NOTE + " without the jobs' cache"), _run(SAVE_HELPER),
-        _upload(f"sif-{MATRIX_MPI}", ["helper.tar.zst", "build/sif/", "build/images.json"])])
+        _upload(f"sif-{MATRIX_MPI}", ["helper.tar.zst", "build/sif/", *BUILD_RECORDS])])
 
     def load_stack() -> list:
         """The steps loading the leaf's images and the SIF builder from the artifacts of the build and sif jobs."""
@@ -278,12 +281,12 @@ def gitlab_pipeline(manifest: Manifest) -> CommentedMap:
                 "variables": {"MPI": mpi},
                 "script": [*([GITLAB_LOAD] if parent else []), build_command(layer),
                            save_chain_command(manifest, layer)],
-                "artifacts": _artifacts(["images.tar.zst", "build/images.json"])}
+                "artifacts": _artifacts(["images.tar.zst", *BUILD_RECORDS])}
         built = f"build-{leaf}-{mpi}"
         pipeline[f"sif-{mpi}"] = {
             "stage": "sif", "needs": _flow([built]), "variables": {"MPI": mpi},
             "script": _script([GITLAB_LOAD, SIF, SAVE_HELPER], {1: SIF_NOTE}),
-            "artifacts": _artifacts(["helper.tar.zst", "build/sif/", "build/images.json"])}
+            "artifacts": _artifacts(["helper.tar.zst", "build/sif/", *BUILD_RECORDS])}
         pipeline[f"test-{mpi}"] = {
             "stage": "test", "needs": _flow([built, f"sif-{mpi}"]), "variables": {"MPI": mpi},
             "script": _script([GITLAB_LOAD, TESTS], {1: TESTS_NOTE})}

@@ -46,6 +46,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_atomically(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file renamed over it: the file is whole or absent, never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+    return path
+
+
 # What the images are built from (the build context is containers/ and scripts/, .dockerignore; the build arguments
 # come from versions.toml): the leaf image's revision and creation labels name the last commit that changed one of
 # them, so a commit elsewhere (docs, tests, tooling) leaves the image id, and the SIF converted from it, as they are.
@@ -63,6 +72,18 @@ def _last_image_commit() -> tuple[str, str]:
     return commit, committed
 
 
+def git_head() -> tuple[str, bool]:
+    """(full hash of HEAD, whether IMAGE_SOURCES differ from it), or ("", False) outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", *IMAGE_SOURCES],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "", False
+    return head, bool(head and changed)
+
+
 def git_revision() -> str:
     """The last commit (12 hex digits) that changed what the images are built from (IMAGE_SOURCES), or "" outside a
     git checkout."""
@@ -74,17 +95,20 @@ def git_revision() -> str:
 FALLBACK_SOURCE_EPOCH = 0
 
 
-def source_date(environ: dict[str, str] | None = None) -> str:
-    """The image creation time (ISO 8601, UTC) taken from the source, never from the clock, so that a warm rebuild of
-    an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the time of the last commit that changed
-    IMAGE_SOURCES (also for a tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
+def source_epoch(environ: dict[str, str] | None = None) -> int:
+    """The image creation time in seconds since 1970, taken from the source, never from the clock, so that a warm
+    rebuild of an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the time of the last commit
+    that changed IMAGE_SOURCES (also for a tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
     environ = os.environ if environ is None else environ
     value = environ.get("SOURCE_DATE_EPOCH", "").strip()
     if value:
         if not value.isdigit():
             raise UserError(f"SOURCE_DATE_EPOCH={value}: not a number of seconds since 1970: give an integer or unset it")
-        epoch = int(value)
-    else:
-        committed = _last_image_commit()[1]
-        epoch = int(committed) if committed.isdigit() else FALLBACK_SOURCE_EPOCH
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat(timespec="seconds")
+        return int(value)
+    committed = _last_image_commit()[1]
+    return int(committed) if committed.isdigit() else FALLBACK_SOURCE_EPOCH
+
+
+def source_date(environ: dict[str, str] | None = None) -> str:
+    """source_epoch() as ISO 8601, UTC: the leaf image's org.opencontainers.image.created label."""
+    return datetime.datetime.fromtimestamp(source_epoch(environ), datetime.timezone.utc).isoformat(timespec="seconds")

@@ -123,6 +123,7 @@ class Config:
     scikit_learn_digits: str = ""  # the scikit-learn wheel whose digits data set the app layer ships
     # Bounds the image's venv must meet beyond the pinned packages' own requirements (tfhpc/lock.py applies them)
     lock_constraints: tuple[str, ...] = ()
+    cyclonedx_bom: str = ""  # the SBOM generator's version (a build tool, never in an image)
 
     @property
     def tag(self) -> str:
@@ -173,6 +174,7 @@ class Config:
             "SCIKIT_LEARN_DIGITS_VERSION": self.scikit_learn_digits,
             # The stack x flavour's lock files (tfhpc/lock.py), from which the layers install their Python packages.
             "LOCKS": self.locks,
+            "CYCLONEDX_BOM_VERSION": self.cyclonedx_bom,
             "FLAVOR": self.flavor,
             # GPU flavour only (empty for CPU): the CUDA library wheels TensorFlow was tested with, and Horovod's
             # CUDA toolchain in its builder stage.
@@ -271,6 +273,8 @@ class Manifest:
         for patch in patches:
             if not (patch_dir / patch).is_file():
                 raise UserError(f"{self.path}: patch '{patch}' of stack '{stack}' is not in {patch_dir}: add or unlist it")
+        if not self.data.get("sbom", {}).get("cyclonedx_bom"):
+            raise UserError(f"{self.path}: [sbom] has no 'cyclonedx_bom' version (the SBOM generator): add it")
         versions = {key: str(spec[key]) for key in ("tensorflow", "tf_keras", "horovod", "mpi4py", "tensorboard",
                                                      "matplotlib") if spec.get(key)}
         return Config(
@@ -287,6 +291,7 @@ class Manifest:
             gpu=gpu,
             scikit_learn_digits=str(spec.get("scikit_learn_digits", "")),
             lock_constraints=tuple(spec.get("lock_constraints", ())),
+            cyclonedx_bom=str(self.data.get("sbom", {}).get("cyclonedx_bom", "")),
         )
 
 

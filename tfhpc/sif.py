@@ -92,7 +92,7 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     definition_digest = _definition_digest(config, layer)
     if sign_key is None and _up_to_date(target, image_id, definition_digest):
         log(f"{target} is up to date with {image} ({image_id[:19]})")
-        return target
+        return write_provenance(config, target, image, None)
     runtime = Apptainer.for_config(manifest, config, base_source, ca_bundle)
     log(f"converting {image} with {runtime.describe()}")
     started = time.monotonic()
@@ -121,4 +121,13 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         "sha256": sha256_file(target), "signed": sign_key is not None, "conversion_seconds": seconds,
         "docker_image_size_bytes": client().images.get(image).attrs["Size"]})
     log(f"wrote {target} ({target.stat().st_size / 1e9:.2f} GB) in {seconds} s")
-    return target
+    return write_provenance(config, target, image, sign_key)
+
+
+def write_provenance(config: Config, sif: Path, image: str, sign_key: Path | None) -> Path:
+    """build/provenance/<sif>.intoto.json (signed with `sign_key`); returns the SIF's path."""
+    from .slsa import sif_statement, statement_path, write_statement
+    statement = write_statement(statement_path(sif.name), sif_statement(config, sif, image, sif.with_suffix(".def")),
+                                sign_key)
+    log(f"provenance: {statement.relative_to(REPO_ROOT)}")
+    return sif

@@ -44,6 +44,7 @@ def stack(monkeypatch):
     monkeypatch.setattr(build, "probe_image", lambda config, image: {"layer": image, "size_bytes": 1})
     monkeypatch.setattr(build, "update_images_json", lambda image, record: None)
     monkeypatch.setattr(build, "record_build_benchmark", lambda *args: None)
+    monkeypatch.setattr(build, "record_sbom_and_provenance", lambda *args: None)
     return config, engine, old
 
 

@@ -132,8 +132,10 @@ def test_labels_are_the_docker_images_in_every_configuration(manifest):
 
 
 def docker_run_commands(layer, args):
-    """Each RUN of the Dockerfile as `docker build` runs it (mounts left out, ARGs expanded), whitespace collapsed."""
+    """Each RUN of the Dockerfile as `docker build` runs it (mounts left out, ARGs expanded: `args`, else the ARG's own
+    default), whitespace collapsed."""
     text = (REPO_ROOT / "containers" / layer / "Dockerfile").read_text().replace("\\\n", " ")
+    args = {**dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.M)), **args}
     for run in re.findall(r"^RUN (.*)$", text, re.M):
         run = re.sub(r"--mount=\S+\s*", "", run)
         yield " ".join(re.sub(r"\$\{(\w+)\}|\$(\w+)\b", lambda m: args.get(m[1] or m[2], m[0]), run).split())

@@ -1,0 +1,86 @@
+"""The CycloneDX SBOM of every built image, in build/sbom/<image>.cdx.json.
+
+One generator for all: containers/app/tfhpc-sbom run by cyclonedx-bom's venv, the app Dockerfile's stage
+"sbom-tools". The app image carries its SBOM at IMAGE_SBOM (written by its last RUN) and that file is copied out; the
+layers below carry none (one there would change their image ids with every generator update), so theirs is made by
+running each image with the tools on a docker volume.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from .build import build_image
+from .common import REPO_ROOT, UserError, log, source_epoch, write_atomically
+from .dockerhost import client
+from .manifest import IMAGE_PREFIX, Config
+
+SBOM_DIR = REPO_ROOT / "build" / "sbom"
+IMAGE_SBOM = "/opt/tfhpc/sbom.cdx.json"
+MEDIA_TYPE = "application/vnd.cyclonedx+json"
+TOOLS_STAGE = "sbom-tools"
+TOOLS_DIR = "/tmp/sbom-tools"  # where the app Dockerfile's stage puts the venv, and where it is mounted
+APP_DOCKERFILE = REPO_ROOT / "containers" / "app" / "Dockerfile"
+
+
+def file_name(image: str) -> str:
+    """tfhpc-app:latest-cpu-openmpi -> tfhpc-app_latest-cpu-openmpi (as the SIF is named)."""
+    return image.replace(":", "_").replace("/", "_")
+
+
+def sbom_path(image: str) -> Path:
+    return SBOM_DIR / f"{file_name(image)}.cdx.json"
+
+
+def read_image_file(image: str, path: str) -> bytes:
+    """One file of an image, from a created (never started) container."""
+    import docker.errors
+    container = client().containers.create(image, ["true"], entrypoint=[])
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+            member = archive.extractfile(archive.getmembers()[0])
+            return member.read()
+    except docker.errors.NotFound:
+        raise UserError(f"{image} has no {path}: rebuild it with `make image`") from None
+    finally:
+        container.remove(force=True)
+
+
+@contextmanager
+def tools_volume(config: Config, ca_bundle: Path | None, pip_index_url: str | None):
+    """A docker volume holding the sbom-tools stage's venv (built on the stack's first layer), removed at the end. A
+    named volume mounted empty takes the content the image has at the mount point (docker's volume documentation,
+    "Populate a volume using a container")."""
+    engine = client()
+    tools = build_image(config, APP_DOCKERFILE, f"{IMAGE_PREFIX}-sbom-tools:{config.tag}",
+                        config.image(config.layers.names[0]), ca_bundle, pip_index_url, target=TOOLS_STAGE)
+    volume = engine.volumes.create()
+    try:
+        engine.containers.run(tools, ["true"], entrypoint=[], remove=True,
+                              volumes={volume.name: {"bind": TOOLS_DIR, "mode": "rw"}})
+        yield volume.name
+    finally:
+        volume.remove(force=True)
+
+
+def generate(config: Config, image: str, volume: str) -> bytes:
+    """The SBOM of `image`, made inside it with the tools on `volume`."""
+    command = [f"{TOOLS_DIR}/bin/python", f"{TOOLS_DIR}/tfhpc-sbom", "--image", image,
+               "--source-epoch", str(source_epoch()), "--horovod-patches", " ".join(config.horovod_patches)]
+    return client().containers.run(image, command, entrypoint=[], remove=True, stdout=True, stderr=False,
+                                   volumes={volume: {"bind": TOOLS_DIR, "mode": "ro"}})
+
+
+def write_sboms(config: Config, images: list[str], ca_bundle: Path | None, pip_index_url: str | None) -> list[Path]:
+    """build/sbom/<image>.cdx.json for each of `images` (stack names of built layers)."""
+    leaf = config.image(config.layers.leaf)
+    written = [write_atomically(sbom_path(leaf), read_image_file(leaf, IMAGE_SBOM))] if leaf in images else []
+    lower = [image for image in images if image != leaf]
+    if lower:
+        with tools_volume(config, ca_bundle, pip_index_url) as volume:
+            written += [write_atomically(sbom_path(image), generate(config, image, volume)) for image in lower]
+    log(f"SBOMs: {', '.join(str(path.relative_to(REPO_ROOT)) for path in written)}")
+    return written

@@ -8,6 +8,10 @@ Tags come from the versions manifest through `Config` (no version is written her
 Docker images go to REGISTRY/tfhpc-<layer>:<tag> (docker SDK push), the SIF to oras://REGISTRY/tfhpc-<leaf>-sif:<tag>
 (`apptainer push`), signed on the way with SIGN_KEY when one is given.
 
+Beside the SIF go, with ORAS, every image's CycloneDX SBOM (build/sbom/) as oras://REGISTRY/tfhpc-<leaf>-sif:<tag>-sbom
+and the provenance statements of the images and of the pushed SIF (build/provenance/, signed with SIGN_KEY when one is
+given) as :<tag>-provenance.
+
 Nothing is half-published as done: every check (REGISTRY given and reachable, every image built, the SIF up to date
 with the image, the helper that carries apptainer) runs before the first push; the versioned tags are pushed first
 and the moving tags (what sites follow) only after all of them succeeded; build/published.json is written last.
@@ -23,13 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .apptainer import Apptainer, scratch_dir
-from .common import REPO_ROOT, UserError, log, sha256_file
+from .common import REPO_ROOT, UserError, log, sha256_file, write_atomically
 from .dockerhost import client
 from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
 from .provenance import IMAGES_JSON
+from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE, file_name, sbom_path
 from .sif import sif_path
+from .slsa import (MEDIA_TYPE as STATEMENT_MEDIA_TYPE, sif_statement, sign, signature_path, statement_path,
+                   write_statement)
 
 PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
+SIGNATURE_MEDIA_TYPE = "application/octet-stream"  # a detached signature's raw bytes (tfhpc/slsa.py sign)
 SIF_REPOSITORY_SUFFIX = "-sif"
 # host[:port][/namespace...]: what `docker tag` accepts in front of the repository name.
 REGISTRY_RE = re.compile(r"^(?P<host>[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::(?P<port>\d{1,5}))?"
@@ -81,13 +89,17 @@ class Plan:
         return [f"{repository}:{tag}" for tag in self.tags]
 
 
+def uses_proxy(host: str) -> bool:
+    """Whether requests to `host` may go through the environment's proxy: a loopback registry is never behind it."""
+    return not LOOPBACK.match(host.rsplit(":", 1)[0] if not host.startswith("[") else host)
+
+
 def probe_registry(registry: str) -> str:
     """'https' or 'http', whichever the registry's /v2/ endpoint answers on; one-line UserError when neither."""
     import requests
     host = registry.split("/", 1)[0]
     session = requests.Session()
-    # A loopback registry is never behind the site's proxy.
-    session.trust_env = not LOOPBACK.match(host.rsplit(":", 1)[0] if not host.startswith("[") else host)
+    session.trust_env = uses_proxy(host)
     failures = []
     for scheme in ("https", "http"):
         try:
@@ -107,6 +119,29 @@ def _recorded_sif(sif: Path) -> dict:
         return json.loads(IMAGES_JSON.read_text())["images"][f"sif:{sif.name}"]
     except (FileNotFoundError, KeyError, ValueError):
         return {}
+
+
+def check_records(config: Config, images: list[str], sif: Path) -> None:
+    """Every image's SBOM and provenance statement, and the SIF's statement, exist and name what is pushed."""
+    for image in images:
+        sbom = sbom_path(image)
+        statement = statement_path(file_name(image))
+        try:
+            named = json.loads(sbom.read_text())["metadata"]["component"]["bom-ref"]
+            subject = json.loads(statement.read_text())["subject"][0]["digest"]["sha256"]
+        except (FileNotFoundError, KeyError, IndexError, ValueError):
+            named = subject = ""
+        if named != image or f"sha256:{subject}" != client().images.get(image).id:
+            raise UserError(f"{image}'s SBOM or provenance ({_shown(sbom)}, {_shown(statement)}) is missing or of "
+                            "another build: run `make image` (same STACK/FLAVOR/MPI) first; nothing was pushed")
+    statement = statement_path(sif.name)
+    try:
+        subject = json.loads(statement.read_text())["subject"][0]["digest"]["sha256"]
+    except (FileNotFoundError, KeyError, IndexError, ValueError):
+        subject = ""
+    if subject != sha256_file(sif):
+        raise UserError(f"{_shown(statement)} is missing or not of {_shown(sif)}: run `make sif` first; "
+                        "nothing was pushed")
 
 
 def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
@@ -131,6 +166,7 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
     if record.get("image_id") != engine.images.get(config.image(leaf)).id or record.get("size_bytes") != sif.stat().st_size:
         raise UserError(f"{sif.relative_to(REPO_ROOT)} was not made from the current {config.image(leaf)}: "
                         "run `make sif` first; nothing was pushed")
+    check_records(config, list(images), sif)
     try:
         Apptainer.for_config(manifest, config, build=False)
     except UserError as error:
@@ -165,6 +201,39 @@ def _docker_push(reference: str) -> str:
     if not digest:
         raise UserError(f"pushing {reference}: the registry reported no digest; moving tags were not updated")
     return digest
+
+
+def attestation_files(config: Config, plan: Plan, sif: Path, sign_key: Path | None, workdir: Path) -> dict:
+    """ATTESTATIONS' files for the pushed SIF `sif` (a signed copy has its own sha256, so its statement is made here)
+    and the images: path -> media type. Statements are signed with `sign_key` (<statement>.sig)."""
+    statements = workdir / "provenance"
+    statements.mkdir()
+    for image in plan.images:
+        shutil.copyfile(statement_path(file_name(image)), statements / statement_path(file_name(image)).name)
+    write_statement(statements / statement_path(sif.name).name,
+                    sif_statement(config, sif, config.image(config.layers.leaf), plan.sif.with_suffix(".def")))
+    files = {"sbom": {sbom_path(image): SBOM_MEDIA_TYPE for image in plan.images}, "provenance": {}}
+    for statement in sorted(statements.iterdir()):
+        files["provenance"][statement] = STATEMENT_MEDIA_TYPE
+        if sign_key is not None:
+            signature = write_atomically(signature_path(statement), sign(statement.read_bytes(), sign_key))
+            files["provenance"][signature] = SIGNATURE_MEDIA_TYPE
+    return files
+
+
+def _oras_push(reference: str, files: dict[Path, str], plain_http: bool) -> str:
+    """Push `files` (path -> media type) as one OCI artifact with ORAS; returns the manifest digest."""
+    import oras.client
+    import requests
+    client_ = oras.client.OrasClient(insecure=plain_http)
+    client_.session.trust_env = uses_proxy(reference.split("/", 1)[0])
+    try:
+        answer = client_.push(target=reference, files=[f"{path}:{media}" for path, media in files.items()],
+                              disable_path_validation=True, quiet=True)
+    except (requests.RequestException, ValueError, OSError) as error:
+        raise UserError(f"pushing {reference} failed ({error}): check the registry and `docker login`; "
+                        "moving tags were not updated") from None
+    return answer.headers.get("Docker-Content-Digest", "")
 
 
 def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Path | None = None) -> dict:
@@ -211,6 +280,14 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
             published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": sha256_file(sif),
                                 "size_bytes": sif.stat().st_size, "signed": sign_key is not None,
                                 "references": [sif_refs[0]]}
+            # SBOMs and provenance beside the SIF: <sif repository>:<tag>-sbom and :<tag>-provenance
+            attestations = attestation_files(config, plan, sif, sign_key, workdir)
+            for kind, files in attestations.items():
+                reference = f"{plan.sif_repository}:{plan.tags[0]}-{kind}"
+                log(f"pushing {len(files)} {kind} files as oras://{reference}")
+                published[kind] = {"references": [f"oras://{reference}"],
+                                   "digest": _oras_push(reference, files, plain_http),
+                                   "files": {path.name: sha256_file(path) for path in files}}
             if sign_key is not None:
                 # The public key to hand to the sites, beside the record.
                 public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
@@ -237,6 +314,12 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                         raise UserError(f"{error}; moving tags were not updated") from None
                     moved.append(reference)
                 published["sif"]["references"] = sif_refs
+                for tag in plan.tags[1:]:
+                    for kind, files in attestations.items():
+                        reference = f"{plan.sif_repository}:{tag}-{kind}"
+                        _oras_push(reference, files, plain_http)
+                        published[kind]["references"].append(f"oras://{reference}")
+                        moved.append(f"oras://{reference}")
             except UserError as error:
                 raise UserError(str(error).replace(
                     "moving tags were not updated",

@@ -1,24 +1,29 @@
 """`make push` against a real registry on 127.0.0.1: one-line errors that push nothing, a failed push that leaves no
 moving tag and no record, then the full publication pulled back the way a site does: the image runs its 2-rank
-smoke test with exact values, and the SIF (oras) verifies with the site's key and has the published sha256."""
+smoke test with exact values, the SIF (oras) verifies with the site's key and has the published sha256, and the SBOMs
+and signed provenance statements beside it (oras) are the built ones and verify with that key."""
 import dataclasses
 import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from attestations import materials, schema_errors
 from conftest import CONFIG, MANIFEST, REPO_ROOT, free_port
-from tfhpc import UserError, publish
+from tfhpc import UserError, publish, slsa
 from tfhpc.apptainer import Apptainer
 from tfhpc.manifest import IMAGE_PREFIX
+from tfhpc.sbom import file_name, sbom_path
 from tfhpc.sif import sif_path
 
 LEAF = MANIFEST.layers.leaf
 REPOSITORIES = {f"{IMAGE_PREFIX}-{layer}" for layer in MANIFEST.layers.names}
 SIF_REPOSITORY = f"{IMAGE_PREFIX}-{LEAF}{publish.SIF_REPOSITORY_SUFFIX}"
 TAGS = [publish.version_tag(CONFIG), *publish.moving_tags(MANIFEST, CONFIG)]
+ATTESTATION_SUFFIXES = ["", "-sbom", "-provenance"]  # the SIF's repository: the SIF, the SBOMs, the provenance
 
 
 @pytest.fixture
@@ -58,6 +63,17 @@ def test_missing_image_is_one_line_and_pushes_nothing(registry, record):
     message = str(error.value)
     assert message == (f"{unbuilt.image(MANIFEST.layers.names[0])} is not built: run `make image` (same "
                        "STACK/FLAVOR/MPI) first; nothing was pushed")
+    assert registry.catalog() == set() and not record.exists()
+
+
+def test_missing_sbom_is_one_line_and_pushes_nothing(registry, record, monkeypatch, tmp_path):
+    monkeypatch.setattr(publish, "sbom_path", lambda image: tmp_path / "none.cdx.json")
+    with pytest.raises(UserError) as error:
+        publish.push(MANIFEST, CONFIG, registry.address)
+    first = CONFIG.image(MANIFEST.layers.names[0])
+    assert str(error.value).startswith(f"{first}'s SBOM or provenance ({tmp_path / 'none.cdx.json'}, build/provenance/")
+    assert str(error.value).endswith("is missing or of another build: run `make image` (same STACK/FLAVOR/MPI) first; "
+                                     "nothing was pushed")
     assert registry.catalog() == set() and not record.exists()
 
 
@@ -122,10 +138,14 @@ def published(registry, keys, tmp_path_factory):
 def test_every_image_and_the_sif_carry_every_tag(published, registry, docker_client):
     assert published["tags"] == TAGS and published["scheme"] == "http"
     assert registry.catalog() == REPOSITORIES | {SIF_REPOSITORY}
-    for repository in REPOSITORIES | {SIF_REPOSITORY}:
+    for repository in REPOSITORIES:
         assert registry.tags(repository) == set(TAGS), repository
-        digests = {registry.digest(repository, tag) for tag in TAGS}
-        assert len(digests) == 1, f"{repository}: the moving tags point elsewhere than the versioned tag"
+    assert registry.tags(SIF_REPOSITORY) == {f"{tag}{kind}" for tag in TAGS for kind in ATTESTATION_SUFFIXES}
+    for repository, suffixes in [(repository, [""]) for repository in REPOSITORIES] + [(SIF_REPOSITORY,
+                                                                                       ATTESTATION_SUFFIXES)]:
+        for suffix in suffixes:
+            digests = {registry.digest(repository, f"{tag}{suffix}") for tag in TAGS}
+            assert len(digests) == 1, f"{repository}: the moving tags point elsewhere than the versioned tag"
     for layer in MANIFEST.layers.names:
         reference = f"{registry.address}/{IMAGE_PREFIX}-{layer}:{TAGS[0]}"
         assert published["images"][reference]["digest"] == registry.digest(f"{IMAGE_PREFIX}-{layer}", TAGS[0])
@@ -175,6 +195,56 @@ def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(publ
     assert sha256(local) == recorded["sha256"] != published["sif"]["sha256"]
     assert published["sif"]["signed"] is True
     assert (REPO_ROOT / published["sif"]["public_key"]).read_bytes() == (keys / "site.pub").read_bytes()
+
+
+def pull_artifact(reference, directory):
+    """What a site runs: oras pull (here oras-py, the library `make push` uses) into `directory`."""
+    import oras.client
+    directory.mkdir()
+    client = oras.client.OrasClient(insecure=True)
+    client.session.trust_env = False  # the registry is on 127.0.0.1
+    return {Path(path).name: Path(path) for path in client.pull(target=reference.removeprefix("oras://"),
+                                                                outdir=str(directory))}
+
+
+def test_pulled_sboms_are_the_built_ones_and_valid(published, registry, tmp_path):
+    for index, reference in enumerate(published["sbom"]["references"]):
+        pulled = pull_artifact(reference, tmp_path / str(index))
+        assert {name: sha256(path) for name, path in pulled.items()} == published["sbom"]["files"]
+        assert sorted(pulled) == sorted(sbom_path(CONFIG.image(layer)).name for layer in MANIFEST.layers.names)
+        for layer in MANIFEST.layers.names:
+            path = pulled[sbom_path(CONFIG.image(layer)).name]
+            assert path.read_bytes() == sbom_path(CONFIG.image(layer)).read_bytes()
+            assert schema_errors(path.read_text()) is None
+
+
+def test_pulled_provenance_verifies_with_the_site_key_and_names_what_was_published(published, registry, keys,
+                                                                                   docker_client, tmp_path):
+    public, other = (keys / "site.pub").read_bytes(), (keys / "other.pub").read_bytes()
+    sif_statement = f"{sif_path(CONFIG, LEAF).name}.intoto.json"
+    for index, reference in enumerate(published["provenance"]["references"]):
+        pulled = pull_artifact(reference, tmp_path / str(index))
+        assert {name: sha256(path) for name, path in pulled.items()} == published["provenance"]["files"]
+        statements = sorted(name for name in pulled if name.endswith(".intoto.json"))
+        assert statements == sorted([*(f"{file_name(CONFIG.image(layer))}.intoto.json"
+                                       for layer in MANIFEST.layers.names), sif_statement])
+        for name in statements:
+            data, signature = pulled[name].read_bytes(), pulled[f"{name}.sig"].read_bytes()
+            assert slsa.verify(data, signature, public) and not slsa.verify(data, signature, other)
+            assert not slsa.verify(data.replace(b"sha256", b"sha512", 1), signature, public)
+            # docs/publishing.md's command for sites without Python
+            done = subprocess.run(["openssl", "dgst", "-sha256", "-verify", str(keys / "site.pub"), "-signature",
+                                   str(pulled[f"{name}.sig"]), str(pulled[name])], capture_output=True, text=True)
+            assert done.returncode == 0 and done.stdout.strip() == "Verified OK", done.stderr
+        for layer in MANIFEST.layers.names:
+            image = CONFIG.image(layer)
+            statement = json.loads(pulled[f"{file_name(image)}.intoto.json"].read_text())
+            assert statement["subject"] == [{"name": image, "digest": {"sha256": docker_client.images.get(image).id[7:]}}]
+        statement = json.loads(pulled[sif_statement].read_text())
+        assert statement["subject"] == [{"name": sif_path(CONFIG, LEAF).name,
+                                         "digest": {"sha256": published["sif"]["sha256"]}}]
+        assert materials(statement)[CONFIG.image(LEAF)]["digest"]["sha256"] == docker_client.images.get(
+            CONFIG.image(LEAF)).id[7:]
 
 
 def test_ci_build_layer_needs_its_parent_loaded():

@@ -15,12 +15,13 @@ def schema_errors(text: str):
     return JsonStrictValidator(SPEC).validate_str(text)
 
 
-def versions(bom: dict, purl_type: str) -> dict[str, str]:
-    """name -> version of the components whose package URL is of `purl_type` (pypi: names in PEP 503 normal form)."""
+def versions(bom: dict, kind: str) -> dict[str, str]:
+    """name -> version of the Debian packages (kind "deb": package URL pkg:deb/) or of the Python packages (kind
+    "python": every other component; names in PEP 503 normal form, as build/images.json has them)."""
     found = {}
     for component in bom["components"]:
-        if component.get("purl", "").startswith(f"pkg:{purl_type}/"):
-            name = re.sub(r"[-_.]+", "-", component["name"]).lower() if purl_type == "pypi" else component["name"]
+        if component.get("purl", "").startswith("pkg:deb/") == (kind == "deb"):
+            name = re.sub(r"[-_.]+", "-", component["name"]).lower() if kind == "python" else component["name"]
             found[name] = component["version"]
     return found
 

@@ -27,8 +27,13 @@ def python_bom():
         "components": [
             {"bom-ref": "numpy==2.4.0", "name": "numpy", "purl": "pkg:pypi/numpy@2.4.0", "type": "library",
              "version": "2.4.0"},
-            {"bom-ref": "horovod==9.9.9", "name": "horovod", "purl": "pkg:pypi/horovod@9.9.9", "type": "library",
-             "version": "9.9.9"},
+            # built in a builder stage from the PyPI source distribution: cyclonedx-py gives no package URL
+            {"bom-ref": "horovod==9.9.9", "name": "horovod", "type": "library", "version": "9.9.9",
+             "externalReferences": [{"type": "distribution", "comment": "PackageSource: Archive",
+                                     "url": "file:///wheels/horovod-9.9.9-cp311-cp311-linux_x86_64.whl"}]},
+            {"bom-ref": "tfhpc-runtime==1", "name": "tfhpc-runtime", "type": "library", "version": "1",
+             "externalReferences": [{"type": "distribution", "comment": "PackageSource: Local",
+                                     "url": "file:///tmp/tfhpc-runtime"}]},
         ],
         "dependencies": [{"ref": "horovod==9.9.9", "dependsOn": ["numpy==2.4.0"]}, {"ref": "numpy==2.4.0"}],
     }
@@ -63,11 +68,19 @@ def test_merge_names_the_image_and_lists_every_package_once_in_order():
     assert bom["metadata"]["component"] == {"type": "container", "bom-ref": IMAGE, "name": "tfhpc-horovod",
                                             "version": "latest-cpu-openmpi"}
     refs = [component["bom-ref"] for component in bom["components"]]
-    assert refs == sorted(refs) and len(refs) == 5
+    assert refs == sorted(refs) and len(refs) == 6
     root = next(entry for entry in bom["dependencies"] if entry["ref"] == IMAGE)
     assert root["dependsOn"] == refs
     assert {"ref": "horovod==9.9.9", "dependsOn": ["numpy==2.4.0"]} in bom["dependencies"]
     assert bom["metadata"]["timestamp"] == "2026-01-01T00:00:00+00:00"
+
+
+def test_wheels_built_from_pypi_sources_get_a_pypi_purl_and_local_projects_none():
+    by_name = {c["name"]: c for c in merged()["components"]}
+    assert by_name["horovod"]["purl"] == "pkg:pypi/horovod@9.9.9"
+    assert by_name["numpy"]["purl"] == "pkg:pypi/numpy@2.4.0"
+    assert "purl" not in by_name["tfhpc-runtime"]
+    assert "purl" not in python_bom()["components"][1]  # the generator's input is left as it was
 
 
 def test_horovod_carries_its_patches_as_pedigree_and_property():

@@ -26,7 +26,7 @@ def test_image_carries_the_sbom_that_build_sbom_holds(bom_text, image, image_lay
 
 def test_versions_agree_with_the_manifest_and_the_image_report(bom_text, image, image_layer):
     bom = json.loads(bom_text)
-    python = versions(bom, "pypi")
+    python = versions(bom, "python")
     reported = json.loads(IMAGES_JSON.read_text())["images"][image]["reported"]
     assert python[CONFIG.tensorflow_distribution] == CONFIG.versions["tensorflow"]
     for name in ("horovod", "mpi4py", "tensorboard", "matplotlib"):
@@ -55,6 +55,9 @@ def test_timestamp_and_serial_come_from_the_source_and_the_content(bom_text, hos
 
 
 def test_the_generator_left_nothing_in_the_image(host, image_layer):
-    assert not host.file("/tmp/sbom-tools").exists
+    # BuildKit before 0.11 (Debian 12's docker.io) keeps a bind mount's created target as an empty directory
+    # (moby/buildkit#3153, fixed by moby/buildkit#3307): nothing of the generator may be in it.
+    stub = host.file("/tmp/sbom-tools")
+    assert not stub.exists or (stub.is_directory and stub.listdir() == [])
     assert host.run("python -c 'import cyclonedx'").rc != 0
     assert host.run("python -c 'import cyclonedx_py'").rc != 0

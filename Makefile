@@ -10,7 +10,7 @@ BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)
 PIP_INDEX_URL ?=## PyPI mirror for builds (a BuildKit secret for `make image`, a %post-only file for `make native-sif`)
 LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
-SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF with it (apptainer sign --key)
+SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF (apptainer sign --key) and the provenance
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
 UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping the locked versions
@@ -36,7 +36,7 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install --quiet -r requirements.txt
 	touch $@
 
-image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> app) and write build/images.json
+image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> app); build/images.json, sbom/, provenance/
 	$(PYTHON) -m tfhpc build
 
 sif: image ## convert the app image into build/sif/*.sif (apptainer on the host or in a helper)
@@ -51,7 +51,7 @@ recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the D
 native-sif: venv ## build build/native/*.sif from recipes/native/ with apptainer (no Docker build; ~30 min here)
 	$(PYTHON) -m tfhpc native-sif
 
-push: venv ## push the built images and the SIF (signed with SIGN_KEY if given) to REGISTRY; tags from versions.toml
+push: venv ## push the built images, the SIF, SBOMs and provenance (signed with SIGN_KEY if given) to REGISTRY
 	$(PYTHON) -m tfhpc push
 
 pipelines: venv ## regenerate ci/ (GitHub Actions, GitLab CI) from containers/layers.toml

@@ -1,7 +1,6 @@
 """What the unit, image and publishing tests read from an SBOM or a provenance statement: the CycloneDX schema check
 (cyclonedx-python-lib's strict validator, with the schema files that library ships: no network) and the versions
 by package kind."""
-import json
 import re
 
 from cyclonedx.schema import SchemaVersion
@@ -29,7 +28,3 @@ def versions(bom: dict, kind: str) -> dict[str, str]:
 def materials(statement: dict) -> dict[str, dict]:
     """name -> resolved dependency of an in-toto statement's SLSA predicate."""
     return {m["name"]: m for m in statement["predicate"]["buildDefinition"]["resolvedDependencies"]}
-
-
-def subject_sha256(path) -> str:
-    return json.loads(path.read_text())["subject"][0]["digest"]["sha256"]

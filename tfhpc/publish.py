@@ -34,7 +34,7 @@ from .provenance import IMAGES_JSON
 from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE, file_name, sbom_path
 from .sif import sif_path
 from .slsa import (MEDIA_TYPE as STATEMENT_MEDIA_TYPE, sif_statement, sign, signature_path, statement_path,
-                   write_statement)
+                   subject_sha256, write_statement)
 
 PUBLISHED_JSON = REPO_ROOT / "build" / "published.json"
 SIGNATURE_MEDIA_TYPE = "application/octet-stream"  # a detached signature's raw bytes (tfhpc/slsa.py sign)
@@ -128,18 +128,13 @@ def check_records(config: Config, images: list[str], sif: Path) -> None:
         statement = statement_path(file_name(image))
         try:
             named = json.loads(sbom.read_text())["metadata"]["component"]["bom-ref"]
-            subject = json.loads(statement.read_text())["subject"][0]["digest"]["sha256"]
-        except (FileNotFoundError, KeyError, IndexError, ValueError):
-            named = subject = ""
-        if named != image or f"sha256:{subject}" != client().images.get(image).id:
+        except (FileNotFoundError, KeyError, ValueError):
+            named = ""
+        if named != image or f"sha256:{subject_sha256(statement)}" != client().images.get(image).id:
             raise UserError(f"{image}'s SBOM or provenance ({_shown(sbom)}, {_shown(statement)}) is missing or of "
                             "another build: run `make image` (same STACK/FLAVOR/MPI) first; nothing was pushed")
     statement = statement_path(sif.name)
-    try:
-        subject = json.loads(statement.read_text())["subject"][0]["digest"]["sha256"]
-    except (FileNotFoundError, KeyError, IndexError, ValueError):
-        subject = ""
-    if subject != sha256_file(sif):
+    if subject_sha256(statement) != sha256_file(sif):
         raise UserError(f"{_shown(statement)} is missing or not of {_shown(sif)}: run `make sif` first; "
                         "nothing was pushed")
 

@@ -19,6 +19,7 @@ from .common import REPO_ROOT, UserError, log, sha256_file
 from .dockerhost import client
 from .manifest import Config, Manifest
 from .provenance import IMAGES_JSON, update_images_json
+from .slsa import sif_statement, statement_path, subject_sha256, write_statement
 
 SIF_DIR = REPO_ROOT / "build" / "sif"
 TEMPLATE = REPO_ROOT / "recipes" / "app.def.in"
@@ -92,6 +93,8 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     definition_digest = _definition_digest(config, layer)
     if sign_key is None and _up_to_date(target, image_id, definition_digest):
         log(f"{target} is up to date with {image} ({image_id[:19]})")
+        if subject_sha256(statement_path(target.name)) == sha256_file(target):
+            return target  # its statement too, signed or not as `make sif` left it
         return write_provenance(config, target, image, None)
     runtime = Apptainer.for_config(manifest, config, base_source, ca_bundle)
     log(f"converting {image} with {runtime.describe()}")
@@ -126,7 +129,6 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
 
 def write_provenance(config: Config, sif: Path, image: str, sign_key: Path | None) -> Path:
     """build/provenance/<sif>.intoto.json (signed with `sign_key`); returns the SIF's path."""
-    from .slsa import sif_statement, statement_path, write_statement
     statement = write_statement(statement_path(sif.name), sif_statement(config, sif, image, sif.with_suffix(".def")),
                                 sign_key)
     log(f"provenance: {statement.relative_to(REPO_ROOT)}")

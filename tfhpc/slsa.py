@@ -77,20 +77,24 @@ def root_material(config: Config, root_image: str) -> dict:
     return {"name": ROOT_NAME, "uri": f"docker://{digests[0]}", "digest": {"sha256": _hex(digests[0].split("@")[1])}}
 
 
+def subject_sha256(path: Path) -> str:
+    """The sha256 of the first subject of the statement at `path`, or "" when there is none."""
+    try:
+        return json.loads(path.read_text())["subject"][0]["digest"]["sha256"]
+    except (FileNotFoundError, KeyError, IndexError, TypeError, ValueError):
+        return ""
+
+
 def recorded_root(config: Config) -> dict:
     """The root image material of the first layer's statement, when that statement is of the current image."""
     from .sbom import file_name
     first = config.image(config.layers.names[0])
     path = statement_path(file_name(first))
-    try:
-        recorded = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        recorded = {}
-    current = _hex(client().images.get(first).id)
-    if recorded.get("subject", [{}])[0].get("digest", {}).get("sha256") != current:
+    if subject_sha256(path) != _hex(client().images.get(first).id):
         raise UserError(f"{path.relative_to(REPO_ROOT)} is missing or not of the current {first}: build that "
                         "layer first (make image, or ci-build-layer in its job)")
-    return next(m for m in recorded["predicate"]["buildDefinition"]["resolvedDependencies"] if m["name"] == ROOT_NAME)
+    recorded = json.loads(path.read_text())["predicate"]["buildDefinition"]["resolvedDependencies"]
+    return next(material for material in recorded if material["name"] == ROOT_NAME)
 
 
 def statement(subject_name: str, sha256: str, build_type: str, external: dict, internal: dict,

@@ -141,3 +141,11 @@ def test_image_statement_is_an_in_toto_statement_with_slsa_provenance(monkeypatc
     assert byproduct == {"name": "sbom", "uri": "versions.toml", "mediaType": "application/vnd.cyclonedx+json",
                          "digest": {"sha256": sha256(sbom)}}
     assert slsa.encode(statement) == slsa.encode(slsa.image_statement(CONFIG, image, parent, root, {"A": "1"}, sbom))
+
+
+def test_subject_sha256_reads_the_first_subject_or_gives_empty(tmp_path):
+    path = slsa.write_statement(tmp_path / "x.intoto.json", slsa.statement("x", "6" * 64, "urn:t", {}, {}, [], []))
+    assert slsa.subject_sha256(path) == "6" * 64
+    assert slsa.subject_sha256(tmp_path / "missing.intoto.json") == ""
+    (tmp_path / "broken.intoto.json").write_text("{not json")
+    assert slsa.subject_sha256(tmp_path / "broken.intoto.json") == ""

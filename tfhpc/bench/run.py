@@ -629,6 +629,12 @@ def cold_and_warm(entries: list[dict]) -> tuple[dict | None, dict | None]:
     return ordered[-1], ordered[0]
 
 
+def context_paths(dockerignore: Path) -> list[str]:
+    """The directories a .dockerignore that excludes everything ("*") lets back in with "!path/" lines."""
+    return [line[1:].strip().rstrip("/") for line in dockerignore.read_text().splitlines()
+            if line.startswith("!") and line.strip().endswith("/")]
+
+
 def _time_app_build(ctx: Context, context_dir: Path, tag: str) -> float:
     """`docker build` of the leaf layer as `make image` runs it (same build arguments and secrets; see
     tfhpc/build.py's build_layer, which always builds from the repository itself), from `context_dir`."""
@@ -739,8 +745,8 @@ def bench_footprint(ctx: Context, app: AppContainer) -> None:
     tag = f"tfhpc-bench-rebuild:{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="tfhpc-bench-context-") as tmp:
         context_dir = Path(tmp)
-        # What .dockerignore lets into the build context.
-        for part in ("containers", "scripts", "tests/cluster/nodes"):
+        # What .dockerignore lets into the build context (its "!path/" lines).
+        for part in context_paths(REPO_ROOT / ".dockerignore"):
             if (REPO_ROOT / part).is_dir():
                 shutil.copytree(REPO_ROOT / part, context_dir / part, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO_ROOT / ".dockerignore", context_dir / ".dockerignore")

@@ -57,7 +57,7 @@ def test_unreachable_registry_is_one_line_and_pushes_nothing(record):
 
 
 def test_missing_image_is_one_line_and_pushes_nothing(registry, record):
-    unbuilt = dataclasses.replace(CONFIG, stack="never-built")  # names images that do not exist
+    unbuilt = dataclasses.replace(CONFIG, mpi="never-built")  # its locks exist (per stack x flavour), no image does  # names images that do not exist
     with pytest.raises(UserError) as error:
         publish.push(MANIFEST, unbuilt, registry.address)
     message = str(error.value)
@@ -250,7 +250,7 @@ def test_pulled_provenance_verifies_with_the_site_key_and_names_what_was_publish
 def test_ci_build_layer_needs_its_parent_loaded():
     """The pipelines' per-layer job stops in one line when the parent job's images were not loaded (no build)."""
     from tfhpc.ci import build_one_layer
-    unbuilt = dataclasses.replace(CONFIG, stack="never-built")
+    unbuilt = dataclasses.replace(CONFIG, mpi="never-built")  # its locks exist (per stack x flavour), no image does
     layer = MANIFEST.layers.names[1]
     parent = MANIFEST.layers.get(layer).parent
     with pytest.raises(UserError) as error:

@@ -55,3 +55,12 @@ def test_the_doctor_reports_the_decision(host, image_layer):
     report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     (check,) = [c for c in report["checks"] if c["name"] == "single copy"]
     assert check["status"] == "info" and "SYS_PTRACE" in check["fix"], check
+
+
+def test_the_system_python_decides_too(host, image_layer):
+    """Open MPI's launcher can start /usr/bin/python3, which reads the venv through tfhpc-venv.pth: the decision is
+    made there as well."""
+    out = host.check_output("mpirun -np 1 /usr/bin/python3 -c "
+                            "'import os, sys; print(sys.executable + \"|\" + str(os.environ.get(\"TFHPC_SINGLE_COPY\")))'")
+    executable, _, decided = out.splitlines()[-1].partition("|")
+    assert executable == "/usr/bin/python3" and decided.startswith("none: process_vm_readv"), out

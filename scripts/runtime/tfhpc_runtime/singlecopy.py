@@ -34,8 +34,9 @@ OPEN_MPI_5_VARIABLE = "OMPI_MCA_smsc"
 # Set in every rank by the launchers the images meet (Open MPI, PMIx, MPICH's hydra and PMI-2, Slurm): the process
 # is an MPI rank, or a launcher whose ranks inherit its environment.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD", "PMI_SIZE", "SLURM_STEP_ID")
+# Process names (comm) of launchers; PyPI's Open MPI wheels run theirs as orterun_wrapper / ompirun_wrapper.
 LAUNCHERS = {"hydra_pmi_proxy", "hydra_bstrap_proxy", "mpiexec", "mpiexec.hydra", "mpirun", "orterun", "orted",
-             "prterun", "prted", "slurmstepd", "srun"}
+             "orterun_wrapper", "ompirun_wrapper", "prterun", "prted", "slurmstepd", "srun"}
 
 
 def _status_field(proc, pid, field):

@@ -84,6 +84,6 @@ def test_ranks_of_an_outside_launcher_skip_the_probe_and_ucx_proc_links():
 
 
 def test_a_wheels_launcher_outside_is_seen_by_its_name(tmp_path):
-    # PyPI Open MPI 4.1.8: mpirun runs as orterun_wrapper, outside the rank's user namespace
+    # the PyPI Open MPI 4.1 wheel: mpirun runs as orterun_wrapper, outside the rank's user namespace
     proc = fake_proc(tmp_path, "user:[2]", {10: ("starter", 9, None), 9: ("orterun_wrapper", 1, None)})
     assert singlecopy.launcher_outside(str(proc), pid=10) == "orterun_wrapper"

@@ -16,6 +16,7 @@ PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
 UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping the locked versions
 NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
 QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
+INSIST ?=##        1: `make bench` measures on a busy machine too (marked so) instead of waiting, then refusing
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
 export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE
@@ -61,7 +62,7 @@ lint: venv ## hadolint every Dockerfile, shellcheck every shell script, check ci
 	$(PYTHON) -m pytest tests/unit/test_lint.py tests/unit/test_ci_pipelines.py $(PYTEST_ARGS)
 
 bench: venv ## measure the built images and SIF side by side: build/bench/results.{json,md} + PNG plots (QUICK=1)
-	$(PYTHON) -m tfhpc bench $(if $(filter-out 0,$(QUICK)),--quick)
+	$(PYTHON) -m tfhpc bench $(if $(filter-out 0,$(QUICK)),--quick) $(if $(filter-out 0,$(INSIST)),--insist)
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

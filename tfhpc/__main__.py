@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_options(bench)
     bench.add_argument("--quick", action="store_true", default=os.environ.get("QUICK", "0") not in ("", "0"),
                        help="the short version `make test` runs (~3 min), written to build/bench/quick/")
+    bench.add_argument("--insist", action="store_true", default=os.environ.get("INSIST", "0") not in ("", "0"),
+                       help="measure on a busy machine too (the results say so) instead of refusing")
+    bench.add_argument("--wait", type=float, default=600, metavar="SECONDS",
+                       help="how long to wait for an idle machine before refusing (default 600)")
 
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(path)
         elif args.command == "bench":
             from .bench.run import run_bench
-            print(run_bench(config, args.quick))
+            print(run_bench(config, args.quick, insist=args.insist, max_wait=args.wait))
         elif args.command == "sqsh":
             from pathlib import Path
             from .sqsh import build_sqsh

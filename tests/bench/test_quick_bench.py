@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from tfhpc import REPO_ROOT
-from tfhpc.bench import run
+from tfhpc.bench import idle, run
 
 RESULTS = run.BENCH_DIR / "quick" / "results.json"
 # Plausible ranges per unit: a value outside is a broken measurement (a unit slip, a zero time), not a slow machine.
 SANE = {"GB/s": (1e-7, 1000.0), "ratio": (1e-6, 1000.0), "img/s": (1.0, 1e6), "s": (0.0, 3600.0),
-        "calls": (1.0, 1e8), "MB": (0.001, 1e6), "inodes": (1.0, 1e8)}
+        "calls": (1.0, 1e8), "MB": (0.001, 1e6), "inodes": (1.0, 1e8), "ms": (1e-4, 1e5)}
 # Figures the quick run must measure wherever `make test` runs (images, SIFs and the MPICH stack are built by then):
 # the container side of every section. The host venv's figures are not among them: a fresh CI machine has no host
 # venv (the full bench builds it), and they are then "not measured" with that reason.
@@ -96,3 +96,6 @@ def test_markdown_and_plots_are_written(results):
 def test_what_else_was_running_is_recorded(results):
     assert len(results["environment"]) >= 2
     assert all(len(e["loadavg"]) == 3 and isinstance(e["other_containers"], list) for e in results["environment"])
+    check = results["idle_check"]  # QUICK=1 never waits; it records whether the machine was idle and why not
+    assert check["waited_seconds"] < idle.POLL_SECONDS and check["idle"] == (not check["reasons"])
+    assert check["insisted"] == (not check["idle"])

@@ -215,3 +215,86 @@ def test_the_rebuild_copies_what_dockerignore_lets_into_the_context(tmp_path):
     ignore = tmp_path / ".dockerignore"
     ignore.write_text("*\n!a/\n!b/c/\n**/__pycache__\n!file.txt\n")
     assert context_paths(ignore) == ["a", "b/c"]
+
+
+def _machine(load, containers=()):
+    return {"loadavg": [load, load, load], "other_containers": list(containers), "busiest_processes": []}
+
+
+def test_busy_reasons_name_the_load_and_the_containers():
+    from tfhpc.bench import idle
+    assert idle.busy_reasons(_machine(0.3), cpus=2) == []
+    assert idle.busy_reasons(_machine(1.8), cpus=2) == ["load 1.80 > 0.50"]
+    assert idle.busy_reasons(_machine(0.1, ["tfhpc-node1 (img)"]), cpus=2) == ["containers running: tfhpc-node1 (img)"]
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_bench_waits_for_the_load_to_fall_then_measures():
+    from tfhpc.bench import idle
+    clock, loads = _Clock(), iter([1.9, 1.2, 0.4])
+    record = idle.wait_until_idle(600, insist=False, quick=False, log=lambda m: None,
+                                  state=lambda: _machine(next(loads)), sleep=clock.sleep, clock=lambda: clock.now,
+                                  cpus=2)
+    assert record["idle"] and record["waited_seconds"] == 2 * idle.POLL_SECONDS and not record["insisted"]
+
+
+def test_busy_machine_is_refused_in_one_line_unless_insisted_or_quick():
+    from tfhpc.bench import idle
+    from tfhpc.common import UserError
+    busy = dict(log=lambda m: None, state=lambda: _machine(1.9, ["x (y)"]), cpus=2)
+    clock = _Clock()
+    with pytest.raises(UserError) as error:
+        idle.wait_until_idle(60, insist=False, quick=False, sleep=clock.sleep, clock=lambda: clock.now, **busy)
+    assert "\n" not in str(error.value) and "INSIST=1" in str(error.value) and "load 1.90" in str(error.value)
+    assert clock.now >= 60
+    for flags in ({"insist": True, "quick": False}, {"insist": False, "quick": True}):
+        clock = _Clock()
+        record = idle.wait_until_idle(60, sleep=clock.sleep, clock=lambda: clock.now, **flags, **busy)
+        assert not record["idle"] and record["insisted"] and record["reasons"]
+    assert clock.now == 0, "the quick run inside make test does not wait"
+
+
+def test_report_says_when_the_machine_was_busy():
+    results = {"quick": False, "finished": "now", "app_image": "img", "cpus": 2, "duration_seconds": 1.0,
+               "environment": [{"moment": "start", "loadavg": [1.9, 1.0, 1.0], "other_containers": []}],
+               "idle_check": {"idle": False, "reasons": ["load 1.90 > 0.50"], "waited_seconds": 600,
+                              "insisted": True},
+               "goals": [], "figures": [], "raw": {}}
+    assert "**Taken on a busy machine** (load 1.90 > 0.50, INSIST=1)" in markdown(results)
+    results["idle_check"] = {"idle": True, "reasons": [], "waited_seconds": 30.0, "insisted": False}
+    assert "Idle at the start (30 s of waiting)." in markdown(results)
+
+
+def _allreduce_events(ts, elements, negotiate=10, mpi=50, copies=5):
+    """One operation as Horovod's timeline writes it (pid 1), starting at ts (microseconds)."""
+    start = ts + negotiate + 2
+    return [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": ts, "pid": 1},
+            {"ph": "X", "name": "0", "ts": ts + 1, "pid": 1, "dur": 0},
+            {"ph": "E", "ts": ts + negotiate, "pid": 1},
+            {"ph": "B", "name": "ALLREDUCE", "ts": start, "pid": 1},
+            {"ph": "B", "name": "MPI_ALLREDUCE", "ts": start + copies, "pid": 1},
+            {"ph": "E", "ts": start + copies + mpi, "pid": 1},
+            {"ph": "E", "ts": start + copies + mpi, "pid": 1,
+             "args": {"dtype": "float32", "shape": f"[{elements}]"}}]
+
+
+def test_horovod_timeline_phases_per_size():
+    events = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "HorovodAllreduce"}}]
+    for ts in (0, 1000, 2000):  # three 1 KB operations, 1000 us apart
+        events += _allreduce_events(ts, 256)
+    events += _allreduce_events(3000, 1)  # the probe's barrier: another size
+    events += _allreduce_events(4000, 16, negotiate=20, mpi=400)
+    phases = stats.horovod_phases(events)
+    assert phases[1024] == {"negotiate": 0.010, "queue": 0.002, "mpi": 0.050, "copies": 0.005,
+                            "outside": pytest.approx(1.0 - 0.067), "ops": 3}
+    assert phases[64]["mpi"] == 0.4 and phases[64]["outside"] is None, "no second 64-byte operation follows"
+    # the timeline as a killed job leaves it: an open array, cut inside the last event
+    text = json.dumps(events)[:-1] + ',\n{"ph": "B", "name": "NEGO'
+    assert stats.load_trace(text) == events

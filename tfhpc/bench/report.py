@@ -9,7 +9,9 @@ from pathlib import Path
 
 from .stats import human_bytes
 
-SECTIONS = (("allreduce", "Allreduce bus bandwidth (2 ranks, in the app container)"),
+SECTIONS = (("allreduce", "Allreduce bus bandwidth (2 ranks; in the app container, or in the SIF where it says so)"),
+            ("hvdphase", "Horovod's allreduce per phase (its timeline, 2 ranks, in the app container)"),
+            ("coll", "The MPI's allreduce algorithms (mpi4py, 2 ranks, in the SIF)"),
             ("hostmpi", "Host MPI (bind model): the MPICH image on its own MPICH and on a host MPICH"),
             ("train", "Training throughput (synthetic benchmark, small CNN, batch 32 per worker, 1 thread each)"),
             ("startup", "Start-up: `import tensorflow, horovod.tensorflow`"),
@@ -42,6 +44,12 @@ def markdown(results: dict) -> str:
     loads = ", ".join(f"{e['moment']} {e['loadavg'][0]:.1f}" for e in results["environment"])
     others = sorted({c for e in results["environment"] for c in e["other_containers"]})
     lines += [f"Load average (1 min): {loads}. Other containers seen: {', '.join(others) or 'none'}.", ""]
+    check = results.get("idle_check")
+    if check and not check["idle"]:
+        lines += [f"**Taken on a busy machine** ({'; '.join(check['reasons'])}"
+                  f"{', QUICK=1 does not wait' if results['quick'] else ', INSIST=1'}): the figures are noisy.", ""]
+    elif check:
+        lines += [f"Idle at the start ({check['waited_seconds']:.0f} s of waiting).", ""]
     lines += ["| goal | target | measured | verdict |", "|---|---|---|---|"]
     for goal in results["goals"]:
         value = "—" if goal["value"] is None else _number(goal["value"])

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ..common import REPO_ROOT, UserError, default_ca_bundle, log, resolve_ca_bundle
 from ..manifest import Config, Manifest
-from . import hostvenv
-from .stats import (Figure, Goal, busbw, efficiency, file_calls, human_bytes, one_per_rank, parse_results,
-                    parse_strace_summary, ratios, unmeasured)
+from . import hostvenv, idle
+from .stats import (Figure, Goal, busbw, efficiency, file_calls, horovod_phases, human_bytes, load_trace,
+                    one_per_rank, parse_results, parse_strace_summary, ratios, unmeasured)
 
 BENCH_DIR = REPO_ROOT / "build" / "bench"
 PROBES = Path(__file__).resolve().parent / "probes"
@@ -55,16 +55,17 @@ class Plan:
     startup_counts: tuple[int, ...]
     startup_rounds: int
     startup_modes: tuple[str, ...]
+    coll_rounds: int  # rounds of the MPI allreduce algorithm sweep (0: not run)
 
     @classmethod
     def make(cls, quick: bool) -> "Plan":
         if quick:  # what the goals need, once (ratios n=1): the SIF and the venv at 1 and 8 processes, 64 MB
             return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 1, 1,
                        ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, 8), 1,
-                       ("sif", "venv"))
+                       ("sif", "docker", "venv"), 0)
         return cls(False, tuple(1 << e for e in range(10, 29, 2)), (1 * MB, 16 * MB, 64 * MB, 256 * MB), 5, 0.1,
                    3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 2,
-                   tuple(STARTUP_MODES))
+                   tuple(STARTUP_MODES), 3)
 
 
 class Context:
@@ -76,7 +77,35 @@ class Context:
         self.raw: dict = {}
         self.environment: list[dict] = []
         self.app_image = config.image(config.layers.leaf)
-        self.cleanup: list = []
+        self._helper = None
+
+    def in_sif_helper(self, command: str) -> str:
+        """Run a shell command as the unprivileged user in the apptainer helper container (started on first use,
+        removed by close()): build/sif at /sif, the probes at /bench, the work directory at /out."""
+        from ..apptainer import helper_image_name, start_helper
+        from ..sif import SIF_DIR
+        if self._helper is None:
+            self._helper = start_helper(helper_image_name(Manifest(), self.config), ["sleep", "infinity"],
+                                        {str(SIF_DIR): "/sif:ro", str(PROBES): "/bench:ro", str(self.out): "/out"})
+            self._helper.exec_run(["chmod", "0666", "/dev/fuse"], user="root")  # as tests/sif/conftest.py does
+        code, output = self._helper.exec_run(["bash", "-c", command], user="tfhpc", demux=True)
+        text = _decode(output)
+        if code != 0:
+            raise RuntimeError(f"`{command[:200]}` in the apptainer helper exited {code}: {text[-1500:]}")
+        return text
+
+    def sif(self) -> str:
+        """The app SIF's path in the helper; RuntimeError (the figures' reason) when it is not built."""
+        from ..sif import sif_path
+        sif = sif_path(self.config, self.config.layers.leaf)
+        if not sif.is_file():
+            raise RuntimeError(f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`")
+        return f"/sif/{sif.name}"
+
+    def close(self) -> None:
+        if self._helper is not None:
+            self._helper.remove(force=True)
+            self._helper = None
 
     def add(self, figure: Figure) -> Figure:
         if figure.id in self.figures:
@@ -86,16 +115,7 @@ class Context:
 
     def note_environment(self, moment: str) -> None:
         """Load average and the other containers running: what else competed for the 2 cores."""
-        from ..dockerhost import client
-        others = [f"{c.name} ({c.image.tags[0] if c.image.tags else c.image.short_id})"
-                  for c in client().containers.list() if not c.name.startswith("tfhpc-bench-")]
-        try:  # the busiest processes of the host (docker builds do not show as containers)
-            top = subprocess.run(["ps", "-eo", "pcpu=,comm=", "--sort=-pcpu"], capture_output=True, text=True,
-                                 timeout=30).stdout.splitlines()[:6]
-        except (OSError, subprocess.TimeoutExpired):
-            top = []
-        self.environment.append({"moment": moment, "time": _now(), "loadavg": list(os.getloadavg()),
-                                 "other_containers": others, "busiest_processes": [" ".join(t.split()) for t in top]})
+        self.environment.append({"moment": moment, "time": _now(), **idle.machine_state()})
 
 
 def _now() -> str:
@@ -156,13 +176,20 @@ def _attempt(ctx: Context, ids: list[tuple[str, str, str, str]], work) -> None:
 # ---------------------------------------------------------------------------------------------------------------- #
 # 1. Allreduce bus bandwidth
 
-ALLREDUCE_RUNS = {  # name -> (label, launcher, implementation, extra environment)
-    "memcpy": ("single-core memcpy (the limit)", "", "memcpy", {}),
-    "mpi4py": ("mpi4py Allreduce", "mpirun -np 2", "mpi4py", {}),
-    "horovod_mpi": ("Horovod over MPI, defaults", "mpirun -np 2", "horovod", {}),
-    "horovod_gloo": ("Horovod over Gloo, defaults", "horovodrun -np 2 --gloo", "horovod", {}),
-    "horovod_mpi_tuned": ("Horovod over MPI, tuned", "mpirun -np 2", "horovod", TUNED_HOROVOD),
+ALLREDUCE_RUNS = {  # name -> (label, launcher, implementation, extra environment, where: container | sif)
+    "memcpy": ("single-core memcpy (the limit)", "", "memcpy", {}, "container"),
+    "mpi4py": ("mpi4py Allreduce", "mpirun -np 2", "mpi4py", {}, "container"),
+    "horovod_mpi": ("Horovod over MPI, defaults", "mpirun -np 2", "horovod", {}, "container"),
+    "horovod_gloo": ("Horovod over Gloo, defaults", "horovodrun -np 2 --gloo", "horovod", {}, "container"),
+    "horovod_mpi_tuned": ("Horovod over MPI, tuned", "mpirun -np 2", "horovod", TUNED_HOROVOD, "container"),
+    "mpi4py_sif": ("mpi4py Allreduce in the SIF", "mpirun -np 2", "mpi4py", {}, "sif"),
+    "horovod_mpi_sif": ("Horovod over MPI in the SIF, defaults", "mpirun -np 2", "horovod", {}, "sif"),
 }
+# Ratio figures: Horovod run -> the mpi4py run it is compared with (same place, same round)
+HOROVOD_BASELINE = {"horovod_mpi": "mpi4py", "horovod_gloo": "mpi4py", "horovod_mpi_tuned": "mpi4py",
+                    "horovod_mpi_sif": "mpi4py_sif"}
+MEMCPY_RATIOS = ("mpi4py", "mpi4py_sif", "horovod_mpi_sif")  # busbw / one core's memcpy bandwidth
+LATENCY_RUNS = ("mpi4py", "horovod_mpi", "horovod_mpi_tuned", "mpi4py_sif", "horovod_mpi_sif")  # smallest size
 
 
 def allreduce_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
@@ -172,11 +199,15 @@ def allreduce_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
             unit = "GB/s"
             what = "copy bandwidth" if name == "memcpy" else "busbw"
             ids.append((f"allreduce.{name}.{size}", "allreduce", f"{label}: {what}, {human_bytes(size)}", unit))
-        for name in ("horovod_mpi", "horovod_gloo", "horovod_mpi_tuned"):
+        for name, base in HOROVOD_BASELINE.items():
             ids.append((f"allreduce.ratio.{name}.{size}", "allreduce",
-                        f"{ALLREDUCE_RUNS[name][0]} / mpi4py busbw, {human_bytes(size)}", "ratio"))
-        ids.append((f"allreduce.ratio.mpi4py_memcpy.{size}", "allreduce",
-                    f"mpi4py busbw / memcpy bandwidth, {human_bytes(size)}", "ratio"))
+                        f"{ALLREDUCE_RUNS[name][0]} / {ALLREDUCE_RUNS[base][0]} busbw, {human_bytes(size)}", "ratio"))
+        for name in MEMCPY_RATIOS:
+            ids.append((f"allreduce.ratio.{name}_memcpy.{size}", "allreduce",
+                        f"{ALLREDUCE_RUNS[name][0]} busbw / memcpy bandwidth, {human_bytes(size)}", "ratio"))
+    for name in LATENCY_RUNS:
+        ids.append((f"allreduce.latency.{name}.{plan.sizes[0]}", "allreduce",
+                    f"{ALLREDUCE_RUNS[name][0]}: time per operation, {human_bytes(plan.sizes[0])}", "ms"))
     for size in plan.fused_sizes:
         for name in ("horovod_mpi", "horovod_mpi_tuned"):
             ids.append((f"allreduce.fused16.{name}.{size}", "allreduce",
@@ -191,13 +222,20 @@ def bench_allreduce(ctx: Context, app: AppContainer) -> None:
     sizes = ",".join(map(str, plan.sizes))
     per_round: dict[str, list[dict]] = {name: [] for name in ALLREDUCE_RUNS}  # name -> per round {key: median s}
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in ALLREDUCE_RUNS}
+    latency: dict[str, list[float]] = {name: [] for name in ALLREDUCE_RUNS}  # ms per operation, smallest size
     for round_ in range(plan.allreduce_rounds):
-        for name, (label, launcher, impl, env) in ALLREDUCE_RUNS.items():
-            fused = f"--fused-sizes {','.join(map(str, plan.fused_sizes))}" if "gloo" not in name else ""
+        for name, (label, launcher, impl, env, where) in ALLREDUCE_RUNS.items():
+            fused = (f"--fused-sizes {','.join(map(str, plan.fused_sizes))}"
+                     if "gloo" not in name and where == "container" else "")
             command = (f"{launcher} python3 /bench/allreduce.py --impl {impl} --sizes {sizes} {fused} "
-                       f"--reps {plan.reps} --block-seconds {plan.block_seconds}")
+                       f"--reps {plan.reps} --block-seconds {plan.block_seconds}").strip()
             log(f"bench: allreduce round {round_ + 1}/{plan.allreduce_rounds}: {name}")
-            report = one_per_rank(parse_results(app.run(command.strip(), env=env)), 1)[0]  # rank 0: slowest rank's
+            if where == "sif":  # the SIF's own mpirun (hybrid launch is tests/sites' subject), as a site user runs it
+                output = ctx.in_sif_helper(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()),
+                                                     f"apptainer exec -B /bench {ctx.sif()} {command}"]))
+            else:
+                output = app.run(command, env=env)
+            report = one_per_rank(parse_results(output), 1)[0]  # rank 0: the slowest rank's times
             ranks = report["ranks"]
             ctx.raw.setdefault("allreduce", []).append({"round": round_, "run": name, **report})
             medians = {}
@@ -207,22 +245,31 @@ def bench_allreduce(ctx: Context, app: AppContainer) -> None:
                 values = [size / s if impl == "memcpy" else busbw(size, s, ranks) for s in seconds]
                 samples[name].setdefault(key, []).extend(v / 1e9 for v in values)
                 medians[key] = statistics.median(values) / 1e9
+                if key == str(plan.sizes[0]):
+                    latency[name].extend(s * 1e3 for s in seconds)
             per_round[name].append(medians)
 
     def add(id, label, unit, values, note=""):
         ctx.add(Figure(id, "allreduce", label, unit, samples=values, note=note))
 
+    per_round_ratios = "median of per-round ratios"
     for size in plan.sizes:
         key = str(size)
         for name, (label, *_rest) in ALLREDUCE_RUNS.items():
             what = "copy bandwidth" if name == "memcpy" else "busbw"
             add(f"allreduce.{name}.{size}", f"{label}: {what}, {human_bytes(size)}", "GB/s", samples[name][key])
-        mpi = [r[key] for r in per_round["mpi4py"]]
-        for name in ("horovod_mpi", "horovod_gloo", "horovod_mpi_tuned"):
-            add(f"allreduce.ratio.{name}.{size}", f"{ALLREDUCE_RUNS[name][0]} / mpi4py busbw, {human_bytes(size)}",
-                "ratio", ratios([r[key] for r in per_round[name]], mpi), "median of per-round ratios")
-        add(f"allreduce.ratio.mpi4py_memcpy.{size}", f"mpi4py busbw / memcpy bandwidth, {human_bytes(size)}", "ratio",
-            ratios(mpi, [r[key] for r in per_round["memcpy"]]), "median of per-round ratios")
+        for name, base in HOROVOD_BASELINE.items():
+            add(f"allreduce.ratio.{name}.{size}",
+                f"{ALLREDUCE_RUNS[name][0]} / {ALLREDUCE_RUNS[base][0]} busbw, {human_bytes(size)}", "ratio",
+                ratios([r[key] for r in per_round[name]], [r[key] for r in per_round[base]]), per_round_ratios)
+        for name in MEMCPY_RATIOS:
+            add(f"allreduce.ratio.{name}_memcpy.{size}",
+                f"{ALLREDUCE_RUNS[name][0]} busbw / memcpy bandwidth, {human_bytes(size)}", "ratio",
+                ratios([r[key] for r in per_round[name]], [r[key] for r in per_round["memcpy"]]), per_round_ratios)
+    for name in LATENCY_RUNS:
+        add(f"allreduce.latency.{name}.{plan.sizes[0]}",
+            f"{ALLREDUCE_RUNS[name][0]}: time per operation, {human_bytes(plan.sizes[0])}", "ms", latency[name],
+            "samples: every timed block's mean time per operation")
     for size in plan.fused_sizes:
         key = f"fused16.{size}"
         for name in ("horovod_mpi", "horovod_mpi_tuned"):
@@ -234,6 +281,110 @@ def bench_allreduce(ctx: Context, app: AppContainer) -> None:
             "median of per-round ratios")
     ctx.raw["allreduce_sweep"] = {name: {k: statistics.median(v) for k, v in by_size.items()}
                                   for name, by_size in samples.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 1b. Where Horovod's time goes: its timeline, per phase and message size
+
+PHASE_SIZES = (1 << 10, 1 * MB, 64 * MB)
+PHASES = {"negotiate": "negotiation (rank 0, first request to response)", "queue": "response to operation start",
+          "mpi": "MPI_Allreduce", "copies": "fusion-buffer copies and scheduling",
+          "outside": "between operations (TensorFlow op, output tensor, Python, the wait for the next cycle)"}
+PHASE_VARIANTS = {"default": {}, "tuned": TUNED_HOROVOD}
+
+
+def phase_figure_ids() -> list[tuple[str, str, str, str]]:
+    return [(f"hvdphase.{variant}.{phase}.{size}", "hvdphase",
+             f"Horovod {variant}, {human_bytes(size)}: {label}", "ms")
+            for variant in PHASE_VARIANTS for size in PHASE_SIZES for phase, label in PHASES.items()]
+
+
+def bench_horovod_phases(ctx: Context, app: AppContainer) -> None:
+    """The allreduce probe under HOROVOD_TIMELINE (rank 0 writes it), blocks of ~0.5 s so that every size has
+    operations back to back; each phase's median over the operations (stats.horovod_phases)."""
+    ids = {id: (label, unit) for id, _s, label, unit in phase_figure_ids()}
+    sizes = ",".join(map(str, PHASE_SIZES))
+    for variant, env in PHASE_VARIANTS.items():
+        timeline = ctx.out / f"timeline-{variant}.json"
+        timeline.unlink(missing_ok=True)
+        log(f"bench: Horovod timeline: {variant}")
+        app.run(f"mpirun -np {RANKS} python3 /bench/allreduce.py --impl horovod --sizes {sizes} --reps 3 "
+                f"--block-seconds 0.5", env={**env, "HOROVOD_TIMELINE": f"/out/{timeline.name}"})
+        phases = horovod_phases(load_trace(timeline.read_text()))
+        ctx.raw.setdefault("horovod_phases", {})[variant] = {str(k): v for k, v in phases.items()}
+        for size in PHASE_SIZES:
+            for phase in PHASES:
+                id = f"hvdphase.{variant}.{phase}.{size}"
+                value = phases.get(size, {}).get(phase)
+                if value is None:
+                    ctx.add(unmeasured(id, "hvdphase", *ids[id], "the timeline has no two operations of this "
+                                                                   "size in a row"))
+                else:
+                    ctx.add(Figure(id, "hvdphase", *ids[id], samples=[value],
+                                   note=f"median of {phases[size]['ops']} operations"))
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# 1a. The MPI's allreduce algorithms in the SIF: which one the image's defaults should pick
+
+# name -> environment that forces it; "default" is the MPI's own choice. Open MPI 4.1 coll_tuned's algorithm ids
+# (ompi/mca/coll/tuned/coll_tuned_allreduce_decision.c); MPICH 4's MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM values.
+COLL_ALGORITHMS = {
+    "openmpi": {"default": {}, **{name: {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+                                         "OMPI_MCA_coll_tuned_allreduce_algorithm": str(number)}
+                                  for number, name in enumerate(("basic_linear", "nonoverlapping",
+                                                                 "recursive_doubling", "ring", "segmented_ring",
+                                                                 "rabenseifner"), start=1)}},
+    "mpich": {"default": {}, **{name: {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name}
+                                for name in ("recursive_doubling", "reduce_scatter_allgather", "ring")}},
+}
+COLL_SIZES = (1 << 10, 1 * MB, 64 * MB)
+
+
+def coll_figure_ids(config: Config) -> list[tuple[str, str, str, str]]:
+    ids = []
+    for name in COLL_ALGORITHMS[config.mpi]:
+        for size in COLL_SIZES:
+            ids.append((f"coll.{name}.{size}", "coll", f"{config.mpi} allreduce {name}: busbw, {human_bytes(size)}",
+                        "GB/s"))
+            if name != "default":
+                ids.append((f"coll.ratio.{name}.{size}", "coll",
+                            f"{name} / default busbw, {human_bytes(size)}", "ratio"))
+    return ids
+
+
+def bench_coll(ctx: Context, app: AppContainer) -> None:
+    """mpi4py allreduce in the SIF (single copy as a site user gets it) with each algorithm forced, round after
+    round; every algorithm's busbw and its ratio to the MPI's own choice in the same round."""
+    ids = {id: (label, unit) for id, _s, label, unit in coll_figure_ids(ctx.config)}
+    if not ctx.plan.coll_rounds:
+        for id in ids:
+            ctx.add(unmeasured(id, "coll", *ids[id], "QUICK=1 skips the algorithm sweep; `make bench` runs it"))
+        return
+    algorithms = COLL_ALGORITHMS[ctx.config.mpi]
+    sizes = ",".join(map(str, COLL_SIZES))
+    busbws: dict[str, dict[int, list[float]]] = {name: {size: [] for size in COLL_SIZES} for name in algorithms}
+    medians: dict[str, dict[int, list[float]]] = {name: {size: [] for size in COLL_SIZES} for name in algorithms}
+    for round_ in range(ctx.plan.coll_rounds):
+        for name, env in algorithms.items():
+            log(f"bench: allreduce algorithms round {round_ + 1}/{ctx.plan.coll_rounds}: {name}")
+            prefix = " ".join(f"{k}={v}" for k, v in env.items())
+            report = one_per_rank(parse_results(ctx.in_sif_helper(
+                f"{prefix} apptainer exec -B /bench {ctx.sif()} mpirun -np {RANKS} python3 /bench/allreduce.py "
+                f"--impl mpi4py --sizes {sizes} --reps {ctx.plan.reps} --block-seconds {ctx.plan.block_seconds}")),
+                1)[0]
+            ctx.raw.setdefault("coll", []).append({"round": round_, "algorithm": name, **report})
+            for size in COLL_SIZES:
+                values = [busbw(size, s, report["ranks"]) / 1e9 for s in report["seconds_per_op"][str(size)]]
+                busbws[name][size].extend(values)
+                medians[name][size].append(statistics.median(values))
+    for name in algorithms:
+        for size in COLL_SIZES:
+            ctx.add(Figure(f"coll.{name}.{size}", "coll", *ids[f"coll.{name}.{size}"], samples=busbws[name][size]))
+            if name != "default":
+                ctx.add(Figure(f"coll.ratio.{name}.{size}", "coll", *ids[f"coll.ratio.{name}.{size}"],
+                               samples=ratios(medians[name][size], medians["default"][size]),
+                               note="median of per-round ratios"))
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
@@ -315,7 +466,16 @@ TRAIN_IDS = [
     ("train.container.hvd2_gloo", "train", "container, Horovod over Gloo, 2 workers: images/s (total)", "img/s"),
     ("train.efficiency.container.hvd_gloo", "train", "2-worker efficiency X2 / 2X1, container, Horovod over Gloo",
      "ratio"),
+    # Weak scaling as it claims to be: every worker bound to its own core, one inter-op thread, so that the single
+    # worker cannot borrow the idle second core for TensorFlow's inter-op pool, Horovod's thread or the input pipeline.
+    ("train.container.hvd1_pinned", "train", "container, Horovod, 1 worker bound to 1 core: images/s", "img/s"),
+    ("train.container.hvd2_pinned", "train", "container, Horovod, 2 workers bound to 1 core each: images/s (total)",
+     "img/s"),
+    ("train.efficiency.container.hvd_pinned", "train", "2-worker efficiency X2 / 2X1, each worker bound to one core",
+     "ratio"),
 ]
+PINNED = "mpirun --bind-to core --map-by core --report-bindings"  # Open MPI; MPICH's hydra: -bind-to core
+PINNED_ENV = {"TF_NUM_INTEROP_THREADS": "1"}  # read by TensorFlow's runtime at start (process_util.cc)
 
 
 def bench_training(ctx: Context, app: AppContainer) -> None:
@@ -333,6 +493,7 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
                 # the scripts' package, which the image's app layer installs (the venv is the horovod layer's)
                 "PYTHONPATH": str(REPO_ROOT / "scripts" / "runtime")}
     script = REPO_ROOT / "scripts" / "train" / "synthetic_benchmark.py"
+    pinned = PINNED if ctx.config.mpi == "openmpi" else "mpirun -bind-to core"
     runs = {
         "container.hvd1": lambda: app.run(f"mpirun -np 1 tfhpc-benchmark-hvd {args}"),
         "container.hvd2": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}"),
@@ -340,8 +501,10 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
         "host.hvd2": lambda: host_run(f"mpirun -np 2 python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
         "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
+        "container.hvd1_pinned": lambda: app.run(f"{pinned} -np 1 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
+        "container.hvd2_pinned": lambda: app.run(f"{pinned} -np 2 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
     }
-    workers_of = {name: 1 if name.endswith("hvd1") else 2 for name in runs}
+    workers_of = {name: 1 if "hvd1" in name else 2 for name in runs}
     totals: dict[str, list[float]] = {name: [] for name in runs}
     iteration_totals: dict[str, list[float]] = {name: [] for name in runs}
     failed: dict[str, str] = {} if venv_ready else {"host.hvd1": host_reason, "host.hvd2": host_reason}
@@ -384,6 +547,10 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
             "median of per-round efficiencies (X1 and X2 run back to back)")
     add("train.ratio.hvd_mwms", ["container.hvd2", "container.mwms2"],
         lambda: ratios(totals["container.hvd2"], totals["container.mwms2"]), per_round)
+    add("train.efficiency.container.hvd_pinned", ["container.hvd2_pinned", "container.hvd1_pinned"],
+        lambda: [efficiency(x2, x1, 2) for x2, x1 in zip(totals["container.hvd2_pinned"],
+                                                          totals["container.hvd1_pinned"])],
+        "median of per-round efficiencies (X1 and X2 run back to back)")
     add("train.efficiency.container.hvd_gloo", ["container.hvd2_gloo", "container.hvd1"],
         lambda: [efficiency(x2, x1, 2) for x2, x1 in zip(totals["container.hvd2_gloo"], totals["container.hvd1"])],
         "median of per-round efficiencies (X1 and X2 run back to back)")
@@ -394,10 +561,14 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
 
 STARTUP_MODES = {  # name -> label
     "sif": "SIF (apptainer exec, squashfuse)",
+    "sif_lz4": "the same files as an lz4 SIF",
+    "sif_zstd": "the same files as a zstd SIF",
     "sandbox": "sandbox directory of the same SIF (apptainer exec)",
     "docker": "Docker container (overlayfs)",
     "venv": "host venv (plain python)",
 }
+# The SIF's squashfs compression against start-up: the sandbox packed again with `apptainer build --mksquashfs-args`
+SIF_COMPRESSIONS = {"sif_lz4": "-comp lz4", "sif_zstd": "-comp zstd"}
 
 
 def startup_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
@@ -412,9 +583,13 @@ def startup_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
                     "only)", "calls"))
         ids.append((f"startup.{mode}.all_calls_tree", "startup", f"{label}: all system calls of the whole command "
                     "(runtime included)", "calls"))
+    for mode in ("sif", *SIF_COMPRESSIONS):
+        ids.append((f"startup.{mode}.size", "startup", f"{STARTUP_MODES[mode]}: file size", "MB"))
     for count in plan.startup_counts:
         ids.append((f"startup.ratio.venv_sif.{count}", "startup",
                     f"venv / SIF import wall time, {count} at once (> 1: SIF faster)", "ratio"))
+        ids.append((f"startup.ratio.sif_docker.{count}", "startup",
+                    f"SIF / Docker import wall time, {count} at once (< 1: SIF faster)", "ratio"))
     return ids
 
 
@@ -497,13 +672,12 @@ def _startup_runs(ctx: Context, starters: dict[str, Starter], results: dict, rea
 
 
 def bench_startup(ctx: Context, app: AppContainer) -> None:
-    from ..apptainer import helper_image_name, start_helper
-    from ..sif import SIF_DIR, sif_path
     plan, out = ctx.plan, ctx.out
     bundle = _strace_bundle(out)
     results: dict[str, dict] = {}
-    reasons = {mode: "QUICK=1 measures the SIF and the venv only (the goal); `make bench` measures every mode"
-               for mode in STARTUP_MODES if mode not in plan.startup_modes}
+    reasons = {mode: "QUICK=1 measures the SIF, Docker and the venv only (the goals); `make bench` measures every "
+                     "mode" for mode in STARTUP_MODES if mode not in plan.startup_modes}
+    sizes: dict[str, float] = {}
     starters: dict[str, Starter] = {}
     # The Docker container: the bench output directory is /out there, so strace is /out/strace/run.
     starters["docker"] = Starter(app.run, "python3", "/out/strace/run -f -c -o /dev/stderr python3")
@@ -513,50 +687,50 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
     else:
         reasons.setdefault("venv", "the host venv build/bench/host-venv is not built (a full `make bench` builds "
                                    "it once)")
-    sif = sif_path(ctx.config, ctx.config.layers.leaf)
-    helper = None
-    try:
-        if not sif.is_file():
-            for mode in ("sif", "sandbox"):
-                reasons.setdefault(mode, f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif`")
-        elif {"sif", "sandbox"} & set(plan.startup_modes):
-            helper = start_helper(helper_image_name(Manifest(), ctx.config), ["sleep", "infinity"],
-                                  {str(SIF_DIR): "/sif:ro", str(bundle): "/strace:ro"})
-            helper.exec_run(["chmod", "0666", "/dev/fuse"], user="root")  # as tests/sif/conftest.py does
+    # python alone: strace bound into the container and run there; the whole command: strace outside.
+    inside = "-B /out/strace:/opt/strace"
 
-            def in_helper(command: str) -> str:
-                code, output = helper.exec_run(["bash", "-c", command], user="tfhpc", demux=True)
-                text = _decode(output)
-                if code != 0:
-                    raise RuntimeError(f"`{command[:200]}` in the apptainer helper exited {code}: {text[-1500:]}")
-                return text
-            in_sif = f"/sif/{sif.name}"
-            # python alone: strace bound into the container and run there; the whole command: strace outside.
-            inside = "-B /strace:/opt/strace"
-            starters["sif"] = Starter(in_helper, f"apptainer exec {in_sif} python3",
-                                      f"apptainer exec {inside} {in_sif} /opt/strace/run -f -c -o /dev/stderr python3",
-                                      "/strace/run")
-            if "sandbox" in plan.startup_modes:
-                try:
-                    started = time.monotonic()
-                    in_helper(f"apptainer build --sandbox /tmp/sandbox {in_sif} > /tmp/sandbox.log 2>&1")
-                    ctx.raw["sandbox_unpack_seconds"] = round(time.monotonic() - started, 1)
-                    starters["sandbox"] = Starter(
-                        in_helper, "apptainer exec /tmp/sandbox python3",
-                        f"apptainer exec {inside} /tmp/sandbox /opt/strace/run -f -c -o /dev/stderr python3",
-                        "/strace/run")
-                except Exception as error:  # noqa: BLE001
-                    reasons["sandbox"] = f"unpacking the SIF failed: {str(error).strip()[-300:]}"
-        _startup_runs(ctx, {m: s for m, s in starters.items() if m in plan.startup_modes}, results, reasons)
-    finally:
-        if helper is not None:
-            helper.remove(force=True)
+    def apptainer_starter(image: str) -> Starter:
+        return Starter(ctx.in_sif_helper, f"apptainer exec {image} python3",
+                       f"apptainer exec {inside} {image} /opt/strace/run -f -c -o /dev/stderr python3",
+                       "/out/strace/run")
+    try:
+        in_sif = ctx.sif()
+    except RuntimeError as error:
+        in_sif = None
+        for mode in ("sif", "sandbox", *SIF_COMPRESSIONS):
+            reasons.setdefault(mode, str(error))
+    if in_sif and {"sif", "sandbox", *SIF_COMPRESSIONS} & set(plan.startup_modes):
+        starters["sif"] = apptainer_starter(in_sif)
+        sizes["sif"] = float(ctx.in_sif_helper(f"stat -c %s {in_sif}").split()[-1]) / 1e6
+        if {"sandbox", *SIF_COMPRESSIONS} & set(plan.startup_modes):
+            try:
+                started = time.monotonic()
+                ctx.in_sif_helper(f"apptainer build --sandbox /tmp/sandbox {in_sif} > /tmp/sandbox.log 2>&1")
+                ctx.raw["sandbox_unpack_seconds"] = round(time.monotonic() - started, 1)
+                starters["sandbox"] = apptainer_starter("/tmp/sandbox")
+            except Exception as error:  # noqa: BLE001
+                for mode in ("sandbox", *SIF_COMPRESSIONS):
+                    reasons[mode] = f"unpacking the SIF failed: {str(error).strip()[-300:]}"
+        for mode, args in SIF_COMPRESSIONS.items():
+            if mode not in plan.startup_modes or "sandbox" not in starters:
+                continue
+            try:
+                started = time.monotonic()
+                ctx.in_sif_helper(f"apptainer build --mksquashfs-args {shlex.quote(args)} /tmp/{mode}.sif "
+                                  f"/tmp/sandbox > /tmp/{mode}.log 2>&1")
+                ctx.raw.setdefault("sif_pack_seconds", {})[mode] = round(time.monotonic() - started, 1)
+                sizes[mode] = float(ctx.in_sif_helper(f"stat -c %s /tmp/{mode}.sif").split()[-1]) / 1e6
+                starters[mode] = apptainer_starter(f"/tmp/{mode}.sif")
+            except Exception as error:  # noqa: BLE001
+                reasons[mode] = f"packing the sandbox with {args} failed: {str(error).strip()[-300:]}"
+    _startup_runs(ctx, {m: s for m, s in starters.items() if m in plan.startup_modes}, results, reasons)
 
     ids = {id: (label, unit) for id, _s, label, unit in startup_figure_ids(plan)}
     for mode in STARTUP_MODES:
         if mode not in results:
             for id in ids:
-                if id.startswith(f"startup.{mode}."):
+                if id.startswith(f"startup.{mode}.") and not id.endswith(".size"):  # sizes: below
                     ctx.add(unmeasured(id, "startup", *ids[id], reasons.get(mode, "not run")))
             continue
         data = results[mode]
@@ -573,15 +747,24 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
         ctx.add(Figure(id, "startup", *ids[id], samples=[data["tree"]["all"]],
                        note=f"strace -f -c of the whole command: open {data['tree']['open']}, stat-family "
                             f"{data['tree']['stat']}"))
-    for count in plan.startup_counts:
-        id = f"startup.ratio.venv_sif.{count}"
-        if "sif" in results and "venv" in results:
-            venv = [statistics.median(r) for r in results["venv"]["walls"][count]]
-            sifs = [statistics.median(r) for r in results["sif"]["walls"][count]]
-            ctx.add(Figure(id, "startup", *ids[id], samples=ratios(venv, sifs),
-                           note="per round: median process wall time, venv / SIF"))
+    for mode in ("sif", *SIF_COMPRESSIONS):
+        id = f"startup.{mode}.size"
+        if mode in sizes:
+            pack = ctx.raw.get("sif_pack_seconds", {}).get(mode)
+            ctx.add(Figure(id, "startup", *ids[id], samples=[sizes[mode]],
+                           note=f"packed from the sandbox in {pack} s" if pack else "make sif's SIF"))
         else:
-            ctx.add(unmeasured(id, "startup", *ids[id], reasons.get("sif") or reasons.get("venv", "not run")))
+            ctx.add(unmeasured(id, "startup", *ids[id], reasons.get(mode, "not run")))
+    for count in plan.startup_counts:
+        for id, a, b in ((f"startup.ratio.venv_sif.{count}", "venv", "sif"),
+                         (f"startup.ratio.sif_docker.{count}", "sif", "docker")):
+            if a in results and b in results:
+                first = [statistics.median(r) for r in results[a]["walls"][count]]
+                second = [statistics.median(r) for r in results[b]["walls"][count]]
+                ctx.add(Figure(id, "startup", *ids[id], samples=ratios(first, second),
+                               note=f"per round: median process wall time, {a} / {b}"))
+            else:
+                ctx.add(unmeasured(id, "startup", *ids[id], reasons.get(a) or reasons.get(b, "not run")))
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
@@ -773,8 +956,20 @@ GOALS = [
     Goal("host_mpich_vs_image_64MB", f"hostmpi.ratio.{HOST_MPI_SIZE}", 0.9,
          "host MPICH (bind model) busbw >= 0.9 x the image's MPICH at 64 MB"),
     Goal("two_worker_efficiency", "train.efficiency.container.hvd", 0.9, "2-worker efficiency >= 0.9"),
+    Goal("two_worker_efficiency_pinned", "train.efficiency.container.hvd_pinned", 0.9,
+         "2-worker efficiency, every worker bound to one core >= 0.9"),
     Goal("sif_import_faster_8", "startup.ratio.venv_sif.8", 1.0,
          "import from the SIF faster than from the venv at 8 processes (venv / SIF >= 1)"),
+    Goal("sif_import_vs_docker_8", "startup.ratio.sif_docker.8", 1.2,
+         "import from the SIF at 8 processes <= 1.2 x Docker's", at_most=True),
+    Goal("sif_mpi4py_memcpy_64MB", f"allreduce.ratio.mpi4py_sif_memcpy.{64 * MB}", 0.25,
+         "mpi4py busbw in the SIF >= 0.25 x one core's memcpy at 64 MB"),
+    Goal("sif_horovod_memcpy_64MB", f"allreduce.ratio.horovod_mpi_sif_memcpy.{64 * MB}", 0.25,
+         "Horovod-over-MPI busbw in the SIF >= 0.25 x one core's memcpy at 64 MB"),
+    Goal("sif_horovod_vs_mpi4py_64MB", f"allreduce.ratio.horovod_mpi_sif.{64 * MB}", 0.9,
+         "Horovod-over-MPI busbw >= 0.9 x mpi4py in the SIF at 64 MB"),
+    Goal("horovod_latency_1KB", "allreduce.latency.horovod_mpi.1024", 0.2,
+         "Horovod time per 1 KB allreduce <= 0.2 ms", at_most=True),
     Goal("rebuild_one_script", "build.rebuild_one_script", 30.0, "rebuild after one script <= 30 s", at_most=True),
     Goal("gpu_image_half_of_ngc", "size.ratio.ngc", 0.5, "GPU app image <= half of the NGC TensorFlow image",
          at_most=True),
@@ -783,11 +978,14 @@ GOALS = [
 
 def expected_ids(plan: Plan, config: Config) -> list[tuple[str, str, str, str]]:
     """Every figure a run of `plan` reports, measured or not."""
-    return [*allreduce_figure_ids(plan), *host_mpi_figure_ids(), *TRAIN_IDS, *startup_figure_ids(plan),
+    return [*allreduce_figure_ids(plan), *phase_figure_ids(), *coll_figure_ids(config), *host_mpi_figure_ids(),
+            *TRAIN_IDS,
+            *startup_figure_ids(plan),
             *footprint_ids(config)]
 
 
-def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) -> Path:
+def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None, insist: bool = False,
+              max_wait: float = 600) -> Path:
     from ..dockerhost import client
     from .report import write_outputs
     import docker.errors
@@ -817,10 +1015,13 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
             hostvenv.build(config, log)
         except UserError as error:
             log(f"bench: no host venv: {error}")
+    idle_check = idle.wait_until_idle(max_wait, insist, quick, log)
     ctx.note_environment("start")
     app = AppContainer(ctx.app_image, work)
     try:
         sections = [("allreduce", bench_allreduce, allreduce_figure_ids(plan)),
+                    ("Horovod phases", bench_horovod_phases, phase_figure_ids()),
+                    ("allreduce algorithms", bench_coll, coll_figure_ids(config)),
                     ("host MPI", bench_host_mpi, host_mpi_figure_ids()),
                     ("training", bench_training, TRAIN_IDS),
                     ("start-up", bench_startup, startup_figure_ids(plan)),
@@ -832,6 +1033,7 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
             ctx.note_environment(f"after {name}")
     finally:
         app.remove()
+        ctx.close()
     missing = [id for id, *_ in expected_ids(plan, config) if id not in ctx.figures]
     if missing:
         raise RuntimeError(f"figures neither measured nor marked: {missing}")  # a bug in this module
@@ -840,7 +1042,7 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None) 
         "app_image_id": client().images.get(ctx.app_image).id, "started": started_at, "finished": _now(),
         "duration_seconds": round(time.monotonic() - started, 1), "cpus": os.cpu_count(),
         "plan": {k: v for k, v in plan.__dict__.items()}, "tuned_horovod": TUNED_HOROVOD,
-        "environment": ctx.environment,
+        "idle_check": idle_check, "environment": ctx.environment,
         "figures": [figure.to_json() for figure in ctx.figures.values()],
         "goals": [goal.judge(ctx.figures.get(goal.figure)) for goal in GOALS],
         "raw": ctx.raw,

@@ -174,3 +174,60 @@ def human_bytes(n: float) -> str:
             value = n / scale
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def load_trace(text: str) -> list[dict]:
+    """A Chrome trace as Horovod's timeline writes it: a JSON array that is left open while the job runs (and
+    possibly cut mid-event when the job ends): the complete events are returned."""
+    text = text.strip()
+    while text:
+        try:
+            return json.loads(text if text.endswith("]") else text.rstrip(",") + "]")
+        except json.JSONDecodeError:
+            cut = text.rfind("}", 0, len(text) - 1)  # drop the last, incomplete event
+            text = text[:cut + 1] if cut > 0 else ""
+    return []
+
+
+def horovod_phases(events: list[dict]) -> dict[int, dict]:
+    """Where a Horovod allreduce's time goes, per message size (bytes of float32), from its timeline
+    (docs.horovod.ai timeline: NEGOTIATE_ALLREDUCE, then ALLREDUCE with MPI_ALLREDUCE and the fusion-buffer copies
+    inside). For every operation: `negotiate` (rank 0's negotiation, from the first rank's request to the
+    response), `queue` (the response to the start of the operation), `mpi` (MPI_ALLREDUCE), `copies` (ALLREDUCE
+    minus MPI_ALLREDUCE: fusion-buffer copies and scheduling) and `outside` (the end of the operation to the next
+    same-size negotiation's start: TensorFlow's op, the output tensor, Python; None without two operations of a
+    size in a row). Medians in ms (robust to the probe's own barriers), with the number of operations."""
+    open_by_pid: dict = {}
+    ops: list[dict] = []
+    current: dict = {}
+    for event in events:
+        phase, pid = event.get("ph"), event.get("pid")
+        if phase == "B":
+            open_by_pid.setdefault(pid, []).append((event["name"], event["ts"]))
+        elif phase == "E" and open_by_pid.get(pid):
+            name, begin = open_by_pid[pid].pop()
+            if name == "NEGOTIATE_ALLREDUCE":
+                current[pid] = {"negotiate": (begin, event["ts"])}
+            elif name == "MPI_ALLREDUCE" and pid in current:
+                current[pid]["mpi"] = event["ts"] - begin
+            elif name == "ALLREDUCE" and pid in current:
+                args = event.get("args", {})
+                if args.get("dtype") == "float32":
+                    shape = json.loads(args.get("shape", "[]"))
+                    elements = math.prod(shape) if shape else 1
+                    op = current.pop(pid)
+                    ops.append({"pid": pid, "bytes": 4 * elements, "negotiate": op["negotiate"],
+                                "begin": begin, "end": event["ts"], "mpi": op.get("mpi", 0)})
+    phases: dict[int, dict] = {}
+    for index, op in enumerate(ops):
+        entry = phases.setdefault(op["bytes"], {key: [] for key in ("negotiate", "queue", "mpi", "copies",
+                                                                     "outside")})
+        entry["negotiate"].append(op["negotiate"][1] - op["negotiate"][0])
+        entry["queue"].append(op["begin"] - op["negotiate"][1])
+        entry["mpi"].append(op["mpi"])
+        entry["copies"].append(op["end"] - op["begin"] - op["mpi"])
+        following = next((o for o in ops[index + 1:] if o["pid"] == op["pid"]), None)
+        if following is not None and following["bytes"] == op["bytes"]:  # not the set-up of the next size
+            entry["outside"].append(following["negotiate"][0] - op["end"])
+    return {size: {**{key: statistics.median(values) / 1e3 if values else None for key, values in entry.items()},
+                   "ops": len(entry["mpi"])} for size, entry in phases.items()}

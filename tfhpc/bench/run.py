@@ -62,7 +62,7 @@ class Plan:
         if quick:  # what the goals need, once (ratios n=1): the SIF and the venv at 1 and 8 processes, 64 MB
             return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 1, 1,
                        ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, 8), 1,
-                       ("sif", "docker", "venv"), 0)
+                       ("sif", "sif_instance", "docker", "venv"), 0)
         return cls(False, tuple(1 << e for e in range(10, 29, 2)), (1 * MB, 16 * MB, 64 * MB, 256 * MB), 5, 0.1,
                    3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 2,
                    tuple(STARTUP_MODES), 3)
@@ -182,12 +182,17 @@ ALLREDUCE_RUNS = {  # name -> (label, launcher, implementation, extra environmen
     "horovod_mpi": ("Horovod over MPI, defaults", "mpirun -np 2", "horovod", {}, "container"),
     "horovod_gloo": ("Horovod over Gloo, defaults", "horovodrun -np 2 --gloo", "horovod", {}, "container"),
     "horovod_mpi_tuned": ("Horovod over MPI, tuned", "mpirun -np 2", "horovod", TUNED_HOROVOD, "container"),
+    "horovod_mpi_glibc": ("Horovod over MPI, glibc malloc", "mpirun -np 2", "horovod", {"LD_PRELOAD": ""},
+                          "container"),
     "mpi4py_sif": ("mpi4py Allreduce in the SIF", "mpirun -np 2", "mpi4py", {}, "sif"),
     "horovod_mpi_sif": ("Horovod over MPI in the SIF, defaults", "mpirun -np 2", "horovod", {}, "sif"),
 }
 # Ratio figures: Horovod run -> the mpi4py run it is compared with (same place, same round)
 HOROVOD_BASELINE = {"horovod_mpi": "mpi4py", "horovod_gloo": "mpi4py", "horovod_mpi_tuned": "mpi4py",
                     "horovod_mpi_sif": "mpi4py_sif"}
+# Further ratios of two runs of the same round: id -> (run, baseline, label)
+PAIR_RATIOS = {"tcmalloc_glibc": ("horovod_mpi", "horovod_mpi_glibc",
+                                  "Horovod over MPI busbw, the image's tcmalloc / glibc malloc")}
 MEMCPY_RATIOS = ("mpi4py", "mpi4py_sif", "horovod_mpi_sif")  # busbw / one core's memcpy bandwidth
 LATENCY_RUNS = ("mpi4py", "horovod_mpi", "horovod_mpi_tuned", "mpi4py_sif", "horovod_mpi_sif")  # smallest size
 
@@ -202,6 +207,8 @@ def allreduce_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
         for name, base in HOROVOD_BASELINE.items():
             ids.append((f"allreduce.ratio.{name}.{size}", "allreduce",
                         f"{ALLREDUCE_RUNS[name][0]} / {ALLREDUCE_RUNS[base][0]} busbw, {human_bytes(size)}", "ratio"))
+        for id, (_run, _base, label) in PAIR_RATIOS.items():
+            ids.append((f"allreduce.ratio.{id}.{size}", "allreduce", f"{label}, {human_bytes(size)}", "ratio"))
         for name in MEMCPY_RATIOS:
             ids.append((f"allreduce.ratio.{name}_memcpy.{size}", "allreduce",
                         f"{ALLREDUCE_RUNS[name][0]} busbw / memcpy bandwidth, {human_bytes(size)}", "ratio"))
@@ -262,6 +269,9 @@ def bench_allreduce(ctx: Context, app: AppContainer) -> None:
             add(f"allreduce.ratio.{name}.{size}",
                 f"{ALLREDUCE_RUNS[name][0]} / {ALLREDUCE_RUNS[base][0]} busbw, {human_bytes(size)}", "ratio",
                 ratios([r[key] for r in per_round[name]], [r[key] for r in per_round[base]]), per_round_ratios)
+        for id, (run, base, label) in PAIR_RATIOS.items():
+            add(f"allreduce.ratio.{id}.{size}", f"{label}, {human_bytes(size)}", "ratio",
+                ratios([r[key] for r in per_round[run]], [r[key] for r in per_round[base]]), per_round_ratios)
         for name in MEMCPY_RATIOS:
             add(f"allreduce.ratio.{name}_memcpy.{size}",
                 f"{ALLREDUCE_RUNS[name][0]} busbw / memcpy bandwidth, {human_bytes(size)}", "ratio",
@@ -473,6 +483,9 @@ TRAIN_IDS = [
      "img/s"),
     ("train.efficiency.container.hvd_pinned", "train", "2-worker efficiency X2 / 2X1, each worker bound to one core",
      "ratio"),
+    ("train.container.hvd2_glibc", "train", "container, Horovod, 2 workers, glibc malloc: images/s (total)", "img/s"),
+    ("train.ratio.tcmalloc_glibc.hvd2", "train", "images/s with the image's tcmalloc / glibc malloc, 2 workers",
+     "ratio"),
 ]
 PINNED = "mpirun --bind-to core --map-by core --report-bindings"  # Open MPI; MPICH's hydra: -bind-to core
 PINNED_ENV = {"TF_NUM_INTEROP_THREADS": "1"}  # read by TensorFlow's runtime at start (process_util.cc)
@@ -501,6 +514,7 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
         "host.hvd2": lambda: host_run(f"mpirun -np 2 python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
         "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
+        "container.hvd2_glibc": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}", env={"LD_PRELOAD": ""}),
         "container.hvd1_pinned": lambda: app.run(f"{pinned} -np 1 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
         "container.hvd2_pinned": lambda: app.run(f"{pinned} -np 2 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
     }
@@ -547,6 +561,8 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
             "median of per-round efficiencies (X1 and X2 run back to back)")
     add("train.ratio.hvd_mwms", ["container.hvd2", "container.mwms2"],
         lambda: ratios(totals["container.hvd2"], totals["container.mwms2"]), per_round)
+    add("train.ratio.tcmalloc_glibc.hvd2", ["container.hvd2", "container.hvd2_glibc"],
+        lambda: ratios(totals["container.hvd2"], totals["container.hvd2_glibc"]), per_round)
     add("train.efficiency.container.hvd_pinned", ["container.hvd2_pinned", "container.hvd1_pinned"],
         lambda: [efficiency(x2, x1, 2) for x2, x1 in zip(totals["container.hvd2_pinned"],
                                                           totals["container.hvd1_pinned"])],
@@ -563,6 +579,7 @@ STARTUP_MODES = {  # name -> label
     "sif": "SIF (apptainer exec, squashfuse)",
     "sif_lz4": "the same files as an lz4 SIF",
     "sif_zstd": "the same files as a zstd SIF",
+    "sif_instance": "SIF, every process in one apptainer instance (one squashfuse mount)",
     "sandbox": "sandbox directory of the same SIF (apptainer exec)",
     "docker": "Docker container (overlayfs)",
     "venv": "host venv (plain python)",
@@ -590,6 +607,8 @@ def startup_figure_ids(plan: Plan) -> list[tuple[str, str, str, str]]:
                     f"venv / SIF import wall time, {count} at once (> 1: SIF faster)", "ratio"))
         ids.append((f"startup.ratio.sif_docker.{count}", "startup",
                     f"SIF / Docker import wall time, {count} at once (< 1: SIF faster)", "ratio"))
+        ids.append((f"startup.ratio.sif_instance_docker.{count}", "startup",
+                    f"SIF instance / Docker import wall time, {count} at once (< 1: SIF faster)", "ratio"))
     return ids
 
 
@@ -675,8 +694,8 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
     plan, out = ctx.plan, ctx.out
     bundle = _strace_bundle(out)
     results: dict[str, dict] = {}
-    reasons = {mode: "QUICK=1 measures the SIF, Docker and the venv only (the goals); `make bench` measures every "
-                     "mode" for mode in STARTUP_MODES if mode not in plan.startup_modes}
+    reasons = {mode: "QUICK=1 measures the SIF (also as an instance), Docker and the venv only (the goals); "
+                     "`make bench` measures every mode" for mode in STARTUP_MODES if mode not in plan.startup_modes}
     sizes: dict[str, float] = {}
     starters: dict[str, Starter] = {}
     # The Docker container: the bench output directory is /out there, so strace is /out/strace/run.
@@ -698,10 +717,19 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
         in_sif = ctx.sif()
     except RuntimeError as error:
         in_sif = None
-        for mode in ("sif", "sandbox", *SIF_COMPRESSIONS):
+        for mode in ("sif", "sif_instance", "sandbox", *SIF_COMPRESSIONS):
             reasons.setdefault(mode, str(error))
     if in_sif and {"sif", "sandbox", *SIF_COMPRESSIONS} & set(plan.startup_modes):
         starters["sif"] = apptainer_starter(in_sif)
+        if "sif_instance" in plan.startup_modes:
+            try:  # `apptainer instance start` once; every process then joins its namespaces and its one mount
+                ctx.in_sif_helper(f"apptainer instance start {inside} {in_sif} tfhpc-bench > /tmp/instance.log 2>&1")
+                instance = "instance://tfhpc-bench"
+                starters["sif_instance"] = Starter(ctx.in_sif_helper, f"apptainer exec {instance} python3",
+                                                   f"apptainer exec {instance} /opt/strace/run -f -c -o /dev/stderr "
+                                                   "python3", "/out/strace/run")
+            except Exception as error:  # noqa: BLE001
+                reasons["sif_instance"] = f"apptainer instance start failed: {str(error).strip()[-300:]}"
         sizes["sif"] = float(ctx.in_sif_helper(f"stat -c %s {in_sif}").split()[-1]) / 1e6
         if {"sandbox", *SIF_COMPRESSIONS} & set(plan.startup_modes):
             try:
@@ -757,7 +785,8 @@ def bench_startup(ctx: Context, app: AppContainer) -> None:
             ctx.add(unmeasured(id, "startup", *ids[id], reasons.get(mode, "not run")))
     for count in plan.startup_counts:
         for id, a, b in ((f"startup.ratio.venv_sif.{count}", "venv", "sif"),
-                         (f"startup.ratio.sif_docker.{count}", "sif", "docker")):
+                         (f"startup.ratio.sif_docker.{count}", "sif", "docker"),
+                         (f"startup.ratio.sif_instance_docker.{count}", "sif_instance", "docker")):
             if a in results and b in results:
                 first = [statistics.median(r) for r in results[a]["walls"][count]]
                 second = [statistics.median(r) for r in results[b]["walls"][count]]

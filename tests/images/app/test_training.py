@@ -366,6 +366,83 @@ def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host
     assert difference <= RESUME_TOLERANCE
 
 
+# ---------------------------------------------------------------------------------------------------------------- #
+# TensorFlow's backup (train-mwms-fit --backup-dir, Keras' BackupAndRestore): the step a signal stopped the workers at
+# is backed up and kept, and the same command continues from it with the uninterrupted run's weights; a backup of
+# another model or world size is one line. (A worker killed without warning: tests/cluster/test_slurm.py.)
+
+BACKUP_RUN = f"{SMALL} --epochs 3 --backup-every-steps 7"
+
+
+@pytest.fixture(scope="module")
+def signalled_backup(host, work):
+    """(reports of the stopped workers, a copy of the backup they left) of a run with --backup-dir that SIGUSR1
+    stopped mid-epoch 2; the backup itself is left for the resume test."""
+    directory, log = f"{work}/backup-signal", f"{work}/backup-signal.log"
+    command = SIGNALLED["mwms_keras_fit"](f"{BACKUP_RUN} --log-steps 1 --backup-dir {directory}")
+    outcome = host.check_output(f"bash -c {shlex.quote(SIGNAL_RANKS)} signal {log} {command}").split()
+    output = host.file(log).content_string
+    stopped = sorted((json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line),
+                     key=lambda r: r["rank"])
+    assert int(outcome[1]) == 99 and [r["rank"] for r in stopped] == [0, 1], output[-3000:]
+    host.check_output(f"cp -a {directory} {directory}-kept")
+    return stopped, f"{directory}-kept"
+
+
+def test_mwms_fit_signal_with_a_backup_dir_resumes_from_that_step(host, image_layer, work, full_runs,
+                                                                   signalled_backup):
+    _, full_weights = full_runs("mwms_keras_fit")
+    stopped, _ = signalled_backup
+    (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
+    assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
+    for report in stopped:
+        assert report["backup"]["written"][-1] == [epoch, step], "the stop step backed up by every worker"
+        assert report["backup"]["written"][:2] == [[0, 7], [0, 14]], "and every 7 steps before"
+    directory = f"{work}/backup-signal"
+    assert "ckpt-" in host.check_output(f"cat {directory}/chief/checkpoint"), "the stopped run's backup is kept"
+
+    resumed = run_ranks(host, ENTRYPOINTS["mwms_keras_fit"](
+        f"{BACKUP_RUN} --backup-dir {directory} --weights-out {work}/backup-signalled.npz"), 2)
+    for report in resumed:
+        assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"
+        assert report["backup"]["restored_from"].startswith(f"{directory}/chief/ckpt-")
+        assert (report["backup"]["first_step"]["epoch"], report["backup"]["first_step"]["step"]) == (epoch, step), \
+            "Keras itself started at the backup's step"
+        assert len(report["losses"]) == 3 - epoch
+    assert host.check_output(f"ls -A {directory}") == "", "a finished run's backup is deleted"
+    difference = max_difference(host, full_weights, f"{work}/backup-signalled.npz")
+    print(f"mwms_keras_fit --backup-dir: SIGUSR1 at step {step} of epoch 2, resumed from the backup of that step; "
+          f"resumed vs uninterrupted: max |dw| = {difference:.3g}")
+    assert difference <= RESUME_TOLERANCE
+
+
+@pytest.mark.parametrize("case, flags, phrases", [
+    ("model", "--model mlp", ["a run with --model cnn, not --model mlp", "run with --model cnn"]),
+    ("workers", "", ["workers 2, this run has 1", "run with 2"]),
+    ("variables", "--model mlp", ["does not fit this model", "give a new --backup-dir"]),
+])
+def test_a_backup_of_another_run_is_one_line_and_kept(host, image_layer, work, signalled_backup, case, flags,
+                                                      phrases):
+    """One worker resumes the 2-worker backup: another --model, another world size, and a backup whose record matches
+    but whose variables do not (TensorFlow's restore error, translated)."""
+    _, kept = signalled_backup
+    directory = f"{work}/backup-other-{case}"
+    host.check_output(f"rm -rf {directory} && cp -a {kept} {directory}")
+    if case == "variables":  # the record of a 1-worker MLP run over the 2-worker CNN backup
+        record = json.loads(host.file(f"{directory}/chief/tfhpc-backup.json").content_string)
+        record["identity"]["model"] = "mlp"
+        record["position"].update(workers=1, global_batch=32, steps_per_epoch=3000 // 32)
+        host.check_output(f"echo {shlex.quote(json.dumps(record))} > {directory}/chief/tfhpc-backup.json")
+    before = host.check_output(f"ls -lAR --time-style=full-iso {directory}")
+    result = host.run(python("mwms_keras_fit.py", f"{BACKUP_RUN} {flags} --backup-dir {directory}"))
+    # TensorFlow has started by then (its own log lines may precede ours): one line of ours, no traceback
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
+    assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for phrase in phrases:
+        assert phrase in lines[0], (phrase, lines[0])
+    assert host.check_output(f"ls -lAR --time-style=full-iso {directory}") == before
+
+
 def test_a_mid_epoch_checkpoint_resumed_with_other_ranks_is_one_line(host, image_layer, work, full_runs):
     """A mid-epoch position holds only for the ranks that wrote it (their shards, their steps per epoch)."""
     _, _ = full_runs("hvd_custom_loop")

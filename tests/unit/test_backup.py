@@ -51,7 +51,8 @@ def backup(directory, workers=2, **flags):
 
 def fake_tf(prefix, epoch, batch):
     """tf.train.latest_checkpoint and load_checkpoint of a BackupAndRestore backup with Keras' two counters."""
-    tensors = {"ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE": epoch, "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE": batch}
+    tensors = {"ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE": epoch,
+               "ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE": batch}
     reader = SimpleNamespace(get_tensor=tensors.__getitem__)
     train = SimpleNamespace(latest_checkpoint=lambda directory: prefix, load_checkpoint=lambda path: reader)
     return SimpleNamespace(train=train, errors=SimpleNamespace(OpError=RuntimeError))

@@ -92,7 +92,7 @@ def main():
             log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
                        + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
         if restored:
-            backup.check_restorable(tf, model, restored)
+            backup.check_restorable(tf, tf.train.Checkpoint(model=model), restored)
             log(chief, f"resuming from the backup {restored} at step {start_step} of epoch {start_epoch + 1}")
     if backup:
         backup.write_record()
@@ -138,7 +138,8 @@ def main():
             stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
                        "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
                        "steps_per_epoch": steps, "checkpoints_written": checkpoints.written,
-                       "backup": backup_report(backup, restored, backup_callback),
+                       "backup": backup.report(restored, backup_callback.written, backup_callback.first_step)
+                       if backup else None,
                        "weights_sum": float(flat_weights(model).sum()),
                        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     history = {key: [value for h in histories for value in h.get(key, [])]
@@ -163,18 +164,10 @@ def main():
         "test_loss": float(test_loss), "test_accuracy": float(test_accuracy), "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,
-        "checkpoints_written": checkpoints.written, "backup": backup_report(backup, restored, backup_callback),
+        "checkpoints_written": checkpoints.written,
+        "backup": backup.report(restored, backup_callback.written, backup_callback.first_step) if backup else None,
         "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
-
-
-def backup_report(backup, restored, callback):
-    """--backup-dir in the RESULT line: the backup restored, the backups written ([epoch, steps done]) and the first
-    step trained (epoch, step, the time.time() at its end)."""
-    if not backup:
-        return None
-    return {"dir": str(backup.directory), "every_steps": backup.every_steps, "restored_from": restored,
-            "written": callback.written, "first_step": callback.first_step}
 
 
 if __name__ == "__main__":

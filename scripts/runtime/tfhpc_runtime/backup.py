@@ -1,7 +1,8 @@
-"""TensorFlow's own backup of a MultiWorkerMirroredStrategy Model.fit (--backup-dir): Keras' BackupAndRestore callback
-every --backup-every-steps steps, restored when the same command runs again, so that a worker killed without warning
+"""TensorFlow's own backup of MultiWorkerMirroredStrategy training (--backup-dir): in Model.fit Keras'
+BackupAndRestore callback every --backup-every-steps steps, in a custom loop a tf.train.CheckpointManager in the
+callback's layout (LoopBackup); restored when the same command runs again, so that a worker killed without warning
 (SIGKILL, out of memory, a node lost) costs at most that many steps. The signal-driven save of preemption.py stays:
-with --backup-dir the step at which the workers agreed to stop is backed up as well (callbacks.BackupEverySteps).
+with --backup-dir the step at which the workers agreed to stop is backed up as well, and kept.
 
 Keras (tf_keras in the image: TF_USE_LEGACY_KERAS=1) keeps the chief's backup in <dir>/chief as a
 tf.train.CheckpointManager checkpoint of the model (with its optimizer), the epoch and the last batch done, restores
@@ -14,6 +15,8 @@ stops with one line before anything is written.
 Imports neither numpy nor TensorFlow: the scripts pass `tf` in.
 """
 import json
+import shutil
+import time
 from pathlib import Path
 
 from .cli import fail
@@ -84,11 +87,12 @@ class Backup:
             return epoch + 1, 0, prefix
         return epoch, batch + 1, prefix
 
-    def check_restorable(self, tf, model, prefix):
-        """Read the backup's model and optimizer (Keras reads them again in on_train_begin), so that a backup whose
-        variables do not fit stops with one line instead of TensorFlow's traceback or a partial restore."""
+    def check_restorable(self, tf, checkpoint, prefix):
+        """Read the backup into `checkpoint` (a tf.train.Checkpoint; Keras reads the backup again in on_train_begin),
+        so that a backup whose variables do not fit stops with one line instead of TensorFlow's traceback or a
+        partial restore."""
         try:
-            tf.train.Checkpoint(model=model).read(prefix).assert_existing_objects_matched()
+            checkpoint.read(prefix).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as error:
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             fail(f"{prefix} does not fit this model ({reason[:200]}): give a new --backup-dir, or run with the "
@@ -99,3 +103,44 @@ class Backup:
         if self.writer:
             record = {"identity": self.identity, "position": self.position}
             atomic_write_bytes(self.chief_dir / RECORD, (json.dumps(record) + "\n").encode())
+
+    def report(self, restored, written, first_step):
+        """--backup-dir in the RESULT line: the backup restored, the backups written ([epoch, steps done]) and the
+        first step trained (epoch, step, the time.time() at its end)."""
+        return {"dir": str(self.directory), "every_steps": self.every_steps, "restored_from": restored,
+                "written": written, "first_step": first_step}
+
+
+class LoopBackup:
+    """--backup-dir in a custom loop: model, optimizer and BackupAndRestore's two counters written by a
+    tf.train.CheckpointManager into the callback's layout (the chief into <dir>/chief, the others into a scratch
+    <dir>/workertemp_<rank> deleted after every save), so that Backup reads and checks it as it does Keras' backup.
+    Create it in strategy.scope(); call step_done() after every step and finish() when training has ended."""
+
+    def __init__(self, tf, backup, rank, **objects):
+        self.backup = backup
+        self.epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.batch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.checkpoint = tf.train.Checkpoint(**{COUNTERS[0]: self.epoch, COUNTERS[1]: self.batch}, **objects)
+        directory = backup.chief_dir if backup.writer else backup.directory / f"workertemp_{rank}"
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=1)
+        self.written, self.first_step, self.steps = [], None, 0
+
+    def step_done(self, epoch, done, stopping=False):
+        """After a step (`done` steps of epoch index `epoch`): a backup every every_steps steps of this run, and
+        at the step where the workers agreed to stop."""
+        self.steps += 1
+        if self.first_step is None:
+            self.first_step = {"epoch": epoch, "step": done - 1, "time": time.time()}
+        if self.steps % self.backup.every_steps == 0 or stopping:
+            self.epoch.assign(epoch)
+            self.batch.assign(done - 1)
+            self.manager.save()
+            if not self.backup.writer:
+                shutil.rmtree(self.manager.directory, ignore_errors=True)
+            self.written.append((epoch, done))
+
+    def finish(self):
+        """Training has ended: the chief deletes the backup, as BackupAndRestore does."""
+        if self.backup.writer:
+            shutil.rmtree(self.backup.chief_dir, ignore_errors=True)

@@ -143,9 +143,10 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
 def add_backup_args(parser):
     """The MWMS entrypoints' TensorFlow backup (tfhpc_runtime.backup)."""
     parser.add_argument("--backup-dir", default=None,
-                        help="back up the training state here every --backup-every-steps steps with TensorFlow's "
-                             "BackupAndRestore (the chief writes, on a file system every worker sees); the same "
-                             "command run again continues from the backup, which is deleted when training ends")
+                        help="back up the training state here every --backup-every-steps steps (Keras' "
+                             "BackupAndRestore in fit, a tf.train.CheckpointManager in its layout in the loop; the "
+                             "chief writes, on a file system every worker sees); the same command run again "
+                             "continues from the backup, which is deleted when training ends")
     parser.add_argument("--backup-every-steps", type=int, default=10, metavar="N",
                         help="steps between backups: a worker killed without warning costs at most N steps")
     return parser

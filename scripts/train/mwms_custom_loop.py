@@ -16,13 +16,17 @@ strategy.reduce for the loss and the metrics; a distributed evaluation built the
 
 Every worker prints one "RESULT {json}" line. SIGUSR1 or SIGTERM saves and stops: the workers agree after every
 step, the chief writes a checkpoint of that step, every worker exits with status 99; --resume auto continues there.
+--backup-dir DIR backs the training up every --backup-every-steps steps (and at a signal's stop) with
+tf.train.CheckpointManager in BackupAndRestore's layout: a worker killed without warning costs at most that many
+steps, and the same command run again continues from the backup.
 """
 import sys
 import time
 
+from tfhpc_runtime.backup import Backup, LoopBackup
 from tfhpc_runtime.callbacks import ProfileWindow, log_step
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
-from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, report
+from tfhpc_runtime.cli import Parser, add_backup_args, add_training_args, check_training_args, fail, log, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies, sum_over_workers
 from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
                                 train_dataset)
@@ -36,6 +40,7 @@ def main():
     parser = Parser(__doc__.split("\n\n")[0])
     add_training_args(parser, lr=0.05)
     add_mwms_args(parser)
+    add_backup_args(parser)
     args = parser.parse_args()
     check_training_args(args)
     stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
@@ -59,9 +64,13 @@ def main():
     stop.end = (args.epochs - 1, steps)
     checkpoints = Checkpoints.for_training(args, chief, cluster["workers"], global_batch, steps)
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
+    backup = Backup.for_training(args, chief, cluster["workers"], global_batch, steps) if args.backup_dir else None
+    restored = None
+    if backup:
+        start_epoch, start_step, restored = backup.resume_point(tf)
     if start_epoch >= args.epochs:
-        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-             f"--epochs above {start_epoch} to train further")
+        fail(f"the {'backup' if restored else 'checkpoint'} in {args.backup_dir if restored else args.checkpoint_dir} "
+             f"has already done {start_epoch} epoch(s): raise --epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed)  # MWMS: global seed, so that all workers shuffle the same way.
     with strategy.scope():  # MWMS: model, optimizer and checkpoint variables mirrored on every replica.
@@ -73,6 +82,12 @@ def main():
             checkpoint.read(resume_from).assert_existing_objects_matched()
             log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
                        + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
+        loop_backup = LoopBackup(tf, backup, rank, model=model, optimizer=optimizer) if backup else None
+        if restored:  # MWMS: every worker reads the chief's backup
+            backup.check_restorable(tf, loop_backup.checkpoint, restored)
+            log(chief, f"resuming from the backup {restored} at step {start_step} of epoch {start_epoch + 1}")
+    if backup:
+        backup.write_record()
     initial_weights = flat_weights(model)
     per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
@@ -131,12 +146,17 @@ def main():
             correct_sum += float(correct)
             profiler.end(run_step)
             log_step(chief, args.log_steps, epoch, args.epochs, step + 1, steps)
-            if stop.requested(epoch, step + 1):  # MWMS: every worker, the same answer
+            stopping = stop.requested(epoch, step + 1)  # MWMS: every worker, the same answer
+            if loop_backup:  # MWMS: every worker saves, the chief into the backup
+                loop_backup.step_done(epoch, step + 1, stopping)
+            if stopping:
                 checkpoints.save(checkpoint, epoch, step + 1, participate=True)  # MWMS: the chief writes.
                 profiler.close()
                 stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_custom_loop",
                            "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
                            "steps_per_epoch": steps, "checkpoints_written": checkpoints.written, "losses": losses,
+                           "backup": backup.report(restored, loop_backup.written, loop_backup.first_step)
+                           if backup else None,
                            "weights_sum": float(flat_weights(model).sum()),
                            "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
         losses.append(loss_sum / (steps - first_step))
@@ -151,6 +171,8 @@ def main():
     profiler.close()
     if writer:
         writer.close()
+    if loop_backup:
+        loop_backup.finish()
     seconds = time.time() - started
 
     totals = [0.0, 0.0, 0.0]
@@ -173,6 +195,7 @@ def main():
         "test_accuracy": test_accuracy, "test_examples": totals[2], "train_seconds": seconds,
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "checkpoints_written": checkpoints.written,
+        "backup": backup.report(restored, loop_backup.written, loop_backup.first_step) if backup else None,
         "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
 

@@ -17,14 +17,18 @@ part in a throw-away copy); --resume from the latest one; distributed evaluation
 
 Workers resuming must all see --checkpoint-dir (a shared file system). Every worker prints one "RESULT {json}" line.
 SIGUSR1 or SIGTERM saves and stops: the workers agree after every batch, the chief writes a checkpoint of that step,
-every worker exits with status 99; --resume auto continues there.
+every worker exits with status 99; --resume auto continues there. --backup-dir DIR adds TensorFlow's own
+BackupAndRestore every --backup-every-steps steps (and at a signal's stop): a worker killed without warning costs at
+most that many steps, and the same command run again continues from the backup.
 """
 import sys
 import time
 
+from tfhpc_runtime.backup import Backup
 from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
-from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, log, parse_epochs, report
+from tfhpc_runtime.cli import (Parser, add_backup_args, add_training_args, check_training_args, fail, log, parse_epochs,
+                              report)
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies, sum_over_workers
 from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
                                 train_dataset)
@@ -38,6 +42,7 @@ def main():
     parser = Parser(__doc__.split("\n\n")[0])
     add_training_args(parser, lr=0.05)
     add_mwms_args(parser)
+    add_backup_args(parser)
     parser.add_argument("--lr-decay-epochs", default="",
                         help="comma-separated epochs at which the learning rate is divided by 10 (the Lablup "
                              "course's schedule)")
@@ -65,9 +70,14 @@ def main():
     stop.end = (args.epochs - 1, steps)
     checkpoints = Checkpoints.for_training(args, chief, cluster["workers"], global_batch, steps)
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
+    # MWMS: TensorFlow's backup; Keras restores it in Model.fit, this run reads where and checks that it fits first.
+    backup = Backup.for_training(args, chief, cluster["workers"], global_batch, steps) if args.backup_dir else None
+    restored = None
+    if backup:
+        start_epoch, start_step, restored = backup.resume_point(tf)
     if start_epoch >= args.epochs:
-        fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
-             f"--epochs above {start_epoch} to train further")
+        fail(f"the {'backup' if restored else 'checkpoint'} in {args.backup_dir if restored else args.checkpoint_dir} "
+             f"has already done {start_epoch} epoch(s): raise --epochs above {start_epoch} to train further")
 
     tf.keras.utils.set_random_seed(args.seed)  # MWMS: the same global seed on every worker (shuffling, weights).
     with strategy.scope():  # MWMS: variables created here are mirrored on every replica of every worker.
@@ -81,16 +91,24 @@ def main():
             checkpoint.read(resume_from).assert_existing_objects_matched()
             log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
                        + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
+        if restored:
+            backup.check_restorable(tf, tf.train.Checkpoint(model=model), restored)
+            log(chief, f"resuming from the backup {restored} at step {start_step} of epoch {start_epoch + 1}")
+    if backup:
+        backup.write_record()
     initial_weights = flat_weights(model)
 
     shard_options = auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
     test = test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
     extra = keras_callbacks(tf)
+    backup_callback = extra.BackupEverySteps(backup, stop) if backup else None
 
     def fit_callbacks(first_step):
         callbacks = [extra.EpochLog(chief),
                      extra.SaveOnSignal(stop, checkpoints, checkpoint, participate=True, first_step=first_step),
                      extra.SaveEachEpoch(checkpoints, checkpoint, participate=True, stop=stop)]  # MWMS: all save.
+        if backup_callback:  # after SaveOnSignal, which sets stop.at
+            callbacks.insert(2, backup_callback)
         if decay_epochs:
             callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
         if chief and args.log_steps:
@@ -100,9 +118,11 @@ def main():
         return callbacks
 
     # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of its own.
-    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step else []
-    if start_epoch + bool(start_step) < args.epochs:
-        stretches.append((start_epoch + bool(start_step), args.epochs, 0))
+    # With a backup, one Model.fit: Keras itself starts at the backup's step and numbers the batches of whole epochs.
+    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step and not backup else []
+    if start_epoch + bool(stretches) < args.epochs:
+        stretches.append((start_epoch + bool(stretches), args.epochs, start_step if backup else 0))
+    keras_skips = start_step if backup else 0  # steps of the first epoch that Keras itself skips
     started = time.time()
     histories = []
     for first_epoch, end_epoch, first_step in stretches:
@@ -111,12 +131,15 @@ def main():
                               cache_file=f"{args.cache_dir}/train-worker{rank}" if args.cache_dir else None,
                               start_step=first_step)
         histories.append(model.fit(train.with_options(shard_options), epochs=end_epoch, initial_epoch=first_epoch,
-                                   steps_per_epoch=steps - first_step, callbacks=fit_callbacks(first_step),
+                                   steps_per_epoch=steps - first_step + keras_skips,
+                                   callbacks=fit_callbacks(first_step - keras_skips),
                                    verbose=args.verbose if chief else 0).history)  # MWMS: the chief prints.
         if stop.at:
             stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
                        "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
                        "steps_per_epoch": steps, "checkpoints_written": checkpoints.written,
+                       "backup": backup.report(restored, backup_callback.written, backup_callback.first_step)
+                       if backup else None,
                        "weights_sum": float(flat_weights(model).sum()),
                        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     history = {key: [value for h in histories for value in h.get(key, [])]
@@ -142,6 +165,7 @@ def main():
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,
         "checkpoints_written": checkpoints.written,
+        "backup": backup.report(restored, backup_callback.written, backup_callback.first_step) if backup else None,
         "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
 

@@ -174,43 +174,69 @@ def test_srun_pmix_starts_charliecloud_ranks_on_two_nodes(slurm_cluster):
 
 TRAINING = "tfhpc-train-hvd-fit --train-samples 3000 --test-samples 500 --epochs 3 --verbose 0"
 RESUME_TOLERANCE = 1e-5  # as tests/images/app/test_training.py
-# Runs on the controller: waits for SIGNAL_AT in the job's output, signals the batch script, then records when the
-# job was requeued (Restarts=1: the ranks had exited), when it ran again, when the resumed run finished its first
-# step, and the final state; prints them as one "TIMES {json}" line (seconds since the signal).
+# Runs on the controller once the job was interrupted at time $2 (date +%s.%N): records when the job was requeued
+# (Restarts=1: the ranks had exited), when it ran again, when the resumed run finished its first step (the first
+# step line after the line matching $3), and the final state; prints them as one "TIMES {json}" line (seconds since
+# the interruption).
 SIGNAL_AT = "epoch 2/3 step 5/"
-SIGNAL_AND_FOLLOW = r"""
-job=$1 out=/jobs/out/$1.out
+FOLLOW_REQUEUE = r"""
+job=$1 start=$2 resumed=$3 out=/jobs/out/$1.out
 field() { scontrol show job -o "$job" | grep -o "$1=[^ ]*" | cut -d= -f2; }
 within() { local end=$((SECONDS + $1)); shift; until "$@"; do [ $SECONDS -lt $end ] || exit 1; sleep 0.1; done; }
-since() { awk -v now="$(date +%%s.%%N)" -v start="$start" 'BEGIN {printf "%%.2f", now - start}'; }
+since() { awk -v now="$(date +%s.%N)" -v start="$start" 'BEGIN {printf "%.2f", now - start}'; }
 is() { [ "$(field "$1")" = "$2" ]; }
 ended() { case "$(field JobState)" in PENDING|CONFIGURING|RUNNING|COMPLETING|REQUEUE*) return 1;; esac; }
 requeued() { is Restarts 1 || { ended && echo "not requeued: $(field JobState) $(field ExitCode)" && exit 1; }; }
-within 600 grep -q "%s" "$out"
-start=$(date +%%s.%%N)
-scancel --signal=USR1 --batch "$job"
 within 300 requeued; requeued=$(since)
 within 300 is JobState RUNNING; running=$(since)
-within 300 awk '/resumed from/ {r = 1} r && / step [0-9]+\// {found = 1} END {exit !found}' "$out"; first_step=$(since)
+within 300 awk -v resumed="$resumed" '$0 ~ resumed {r = 1} r && / step [0-9]+\// {found = 1} END {exit !found}' "$out"
+first_step=$(since)
 within 900 ended
-printf 'TIMES {"requeued": %%s, "running": %%s, "first_step": %%s, "state": "%%s", "exit": "%%s", "restarts": %%s}\n' \
+printf 'TIMES {"requeued": %s, "running": %s, "first_step": %s, "state": "%s", "exit": "%s", "restarts": %s}\n' \
     "$requeued" "$running" "$first_step" "$(field JobState)" "$(field ExitCode)" "$(field Restarts)"
-""" % SIGNAL_AT
+"""
+
+
+def submit(cluster, sif, script, arguments):
+    """sbatch without waiting; returns the job id."""
+    rc, out = cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} sbatch --parsable --output=/jobs/out/%j.out "
+                                 f"/jobs/scripts/{script} {arguments}")
+    assert rc == 0, out
+    return out.strip().splitlines()[-1].partition(";")[0]
+
+
+def interrupt_and_follow(cluster, job, at, node, interrupt, resumed):
+    """Once the job's output shows `at`, run `interrupt` on `node` and follow the job (FOLLOW_REQUEUE) until it
+    ends; returns (the TIMES, the job's output)."""
+    rc, out = cluster.run("ctl", f"timeout 600 sh -c 'until grep -q \"{at}\" /jobs/out/{job}.out; do sleep 0.1; done'",
+                          timeout=700)
+    assert rc == 0, out
+    rc, start = cluster.run(node, f"date +%s.%N && {interrupt}")
+    assert rc == 0, start
+    rc, follow = cluster.run("ctl", f"bash -c {shlex.quote(FOLLOW_REQUEUE)} follow {job} {start.split()[0]} "
+                                    f"{shlex.quote(resumed)}", timeout=900)
+    _, output = cluster.run("ctl", f"cat /jobs/out/{job}.out")
+    assert rc == 0 and "TIMES {" in follow, follow + output
+    return json.loads(follow.partition("TIMES ")[2]), output
+
+
+def max_weight_difference(cluster, sif, first, second):
+    code = ("import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); "
+            "print(max(float(np.abs(a[k] - b[k]).max()) for k in a.files))")
+    rc, difference = cluster.run("ctl", f"cd /jobs/out && apptainer exec {sif} python -c {shlex.quote(code)} "
+                                        f"{first} {second}", timeout=300)
+    assert rc == 0, difference
+    return float(difference.strip().splitlines()[-1])
 
 
 def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run(slurm_cluster, sif):
     _, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-pmix.sbatch",
                                   f"{TRAINING} --weights-out uninterrupted.npz")
     assert (rc, state) == (0, "COMPLETED"), output
-    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} sbatch --parsable --output=/jobs/out/%j.out "
-                                       f"/jobs/scripts/horovod-srun-pmix.sbatch {TRAINING} --log-steps 1 "
-                                       f"--checkpoint-dir ckpt-signalled --resume auto --weights-out signalled.npz")
-    assert rc == 0, out
-    job = out.strip().splitlines()[-1].partition(";")[0]
-    rc, follow = slurm_cluster.run("ctl", f"bash -c {shlex.quote(SIGNAL_AND_FOLLOW)} follow {job}", timeout=900)
-    _, output = slurm_cluster.run("ctl", f"cat /jobs/out/{job}.out")
-    assert rc == 0 and "TIMES {" in follow, follow + output
-    times = json.loads(follow.partition("TIMES ")[2])
+    job = submit(slurm_cluster, sif, "horovod-srun-pmix.sbatch",
+                 f"{TRAINING} --log-steps 1 --checkpoint-dir ckpt-signalled --resume auto --weights-out signalled.npz")
+    times, output = interrupt_and_follow(slurm_cluster, job, SIGNAL_AT, "ctl", f"scancel --signal=USR1 --batch {job}",
+                                         "resumed from")
     assert (times["state"], times["exit"], times["restarts"]) == ("COMPLETED", "0:0", 1), (times, output)
     assert "tfhpc: USR1: the ranks save and stop" in output
 
@@ -226,15 +252,69 @@ def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run
     for report in finished:
         assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"
         assert report["size"] == 2 and report["failures"] == []
-    code = ("import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); "
-            "print(max(float(np.abs(a[k] - b[k]).max()) for k in a.files))")
-    rc, difference = slurm_cluster.run("ctl", f"cd /jobs/out && apptainer exec {sif} python -c {shlex.quote(code)} "
-                                              "uninterrupted.npz signalled.npz", timeout=300)
-    assert rc == 0, difference
-    difference = float(difference.strip().splitlines()[-1])
+    difference = max_weight_difference(slurm_cluster, sif, "uninterrupted.npz", "signalled.npz")
     print(f"Slurm: USR1 at step {step} of epoch 2; ranks saved and exited in "
           f"{max(r['stopped']['seconds_since_signal'] for r in stopped):.2f} s, job requeued "
           f"{times['requeued']:.1f} s after the signal, running again after {times['running']:.1f} s, first resumed "
           f"step after {times['first_step']:.1f} s ({times['first_step'] - times['requeued']:.1f} s after the "
           f"requeue); 0 steps redone; resumed vs uninterrupted: max |dw| = {difference:.3g}")
+    assert difference <= RESUME_TOLERANCE
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# A worker killed without warning: SIGKILL of one MWMS worker's Python process mid-epoch, as the out-of-memory killer
+# or a lost node ends it; no signal to save on. TensorFlow's BackupAndRestore (--backup-dir, every BACKUP_EVERY
+# steps) has backed up the training state; the job fails, mwms-slurm-resolver.sbatch requeues it because the backup
+# exists, and the same command continues from the backup.
+
+MWMS_TRAINING = "--train-samples 3000 --test-samples 500 --epochs 3 --verbose 0"
+BACKUP_EVERY = 10
+KILL_AT = "epoch 2/3 step 25/"
+KILL_WORKER = "pkill -KILL -f '[/]opt/tfhpc/scripts/train/'"  # on node2: the worker's Python process in apptainer
+
+
+def test_killed_worker_fails_the_job_which_requeues_and_resumes_from_the_backup(slurm_cluster, sif):
+    _, state, rc, output = sbatch(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
+                                  f"{MWMS_TRAINING} --weights-out mwms-uninterrupted.npz")
+    assert (rc, state) == (0, "COMPLETED"), output
+    uninterrupted = results(output)
+    job = submit(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
+                 f"{MWMS_TRAINING} --log-steps 1 --backup-dir backup-killed --backup-every-steps {BACKUP_EVERY} "
+                 "--weights-out mwms-killed.npz")
+    times, output = interrupt_and_follow(slurm_cluster, job, KILL_AT, "node2", KILL_WORKER,
+                                         "resuming from the backup")
+    assert (times["state"], times["exit"], times["restarts"]) == ("COMPLETED", "0:0", 1), (times, output)
+    first_run, _, second_run = output.partition("requeued to continue from the backup in backup-killed")
+    assert second_run, f"the job script requeued the job:\n{output}"
+    assert "RESULT {" not in first_run, "the killed run did not finish"
+
+    steps = uninterrupted[0]["steps_per_epoch"]
+    logged = [(int(e) - 1, int(s)) for e, s in re.findall(r"epoch (\d+)/3 step (\d+)/", first_run)]
+    killed_at = max(logged)  # the last step the chief finished before the kill took it down
+    reports = results(second_run)
+    assert [(r["rank"], r["size"]) for r in reports] == [(0, 2), (1, 2)], second_run
+    resumed = {(r["initial_epoch"], r["initial_step"]) for r in reports}
+    assert len(resumed) == 1, resumed
+    (epoch, step), = resumed
+    for report in reports:
+        backup = report["backup"]
+        assert backup["restored_from"].startswith("backup-killed/chief/ckpt-"), backup
+        assert (backup["first_step"]["epoch"], backup["first_step"]["step"]) == (epoch, step), \
+            "Keras itself started at the backup's step"
+        assert len(report["losses"]) == 3 - epoch and report["failures"] == []
+    # Backups every BACKUP_EVERY steps of the fit, counted from its start: the run resumed at the newest one before
+    # the kill (or at the step the chief had backed up but not yet logged when the kill took it down: -1 redone).
+    redone = (killed_at[0] * steps + killed_at[1]) - (epoch * steps + step)
+    assert (epoch * steps + step) % BACKUP_EVERY == 0 and -1 <= redone < BACKUP_EVERY, (killed_at, resumed)
+    final_losses = reports[0]["losses"]
+    assert final_losses[-1] < 0.5 * uninterrupted[0]["losses"][0], (final_losses, uninterrupted[0]["losses"])
+    _, listing = slurm_cluster.run("ctl", "ls -A /jobs/out/backup-killed")
+    assert listing.strip() == "", "a finished run's backup is deleted"
+    difference = max_weight_difference(slurm_cluster, sif, "mwms-uninterrupted.npz", "mwms-killed.npz")
+    print(f"Slurm: worker on node2 SIGKILLed after step {killed_at[1]} of epoch {killed_at[0] + 1} (as logged); job "
+          f"requeued {times['requeued']:.1f} s after the kill, running again after {times['running']:.1f} s, first "
+          f"resumed step after {times['first_step']:.1f} s ({times['first_step'] - times['running']:.1f} s after the "
+          f"job started again); resumed from the backup at step {step} of epoch {epoch + 1}: {redone} step(s) "
+          f"redone; final loss {final_losses[-1]:.4f} (uninterrupted {uninterrupted[0]['losses'][-1]:.4f}); resumed "
+          f"vs uninterrupted: max |dw| = {difference:.3g}")
     assert difference <= RESUME_TOLERANCE

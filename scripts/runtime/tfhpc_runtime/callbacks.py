@@ -2,6 +2,7 @@
 the custom loops. TensorFlow is passed in as `tf`; the callback classes are defined once it is imported
 (keras_callbacks)."""
 import argparse
+import time
 
 from .cli import log
 
@@ -65,6 +66,35 @@ def keras_callbacks(tf):
                 self.checkpoints.save(self.checkpoint, self.epoch, done, participate=self.participate)
                 self.model.stop_training = True
 
+    class BackupEverySteps(tf.keras.callbacks.BackupAndRestore):
+        """Keras' BackupAndRestore every backup.every_steps steps into backup.directory (backup.Backup), plus a backup
+        of the step at which a signal stopped the workers (StopOnSignal `stop`; list this callback after
+        SaveOnSignal), kept for the next run; the backup of a run that ends is deleted. Records for the RESULT line
+        the backups written and the first step this run trained (epoch, step, wall-clock time at its end)."""
+
+        def __init__(self, backup, stop):
+            super().__init__(str(backup.directory), save_freq=backup.every_steps)
+            self.stop, self.epoch, self.written, self.first_step = stop, 0, [], None
+
+        def _backup(self, epoch, batch=0):  # Keras' own hook for every backup
+            super()._backup(epoch=epoch, batch=batch)
+            self.written.append((int(epoch), int(batch) + 1))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            super().on_epoch_begin(epoch, logs)
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            super().on_train_batch_end(batch, logs)
+            if self.stop.at and self.written[-1:] != [(int(self.epoch), int(batch) + 1)]:
+                self._backup(epoch=self.epoch, batch=batch)
+            if self.first_step is None:
+                self.first_step = {"epoch": int(self.epoch), "step": int(batch), "time": time.time()}
+
+        def on_train_end(self, logs=None):
+            self.delete_checkpoint = not self.stop.at
+            super().on_train_end(logs)
+
     class StepLog(tf.keras.callbacks.Callback):
         """--log-steps: 'epoch E/EPOCHS step S/STEPS' every `every` steps."""
 
@@ -113,7 +143,8 @@ def keras_callbacks(tf):
             self.inner.on_train_end(logs)
 
     return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
-                              SaveOnSignal=SaveOnSignal, StepLog=StepLog, ShiftBatches=ShiftBatches)
+                              SaveOnSignal=SaveOnSignal, BackupEverySteps=BackupEverySteps, StepLog=StepLog,
+                              ShiftBatches=ShiftBatches)
 
 
 def log_step(enabled, every, epoch, epochs, done, steps):

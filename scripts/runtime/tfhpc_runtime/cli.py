@@ -140,6 +140,18 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
     return parser
 
 
+def add_backup_args(parser):
+    """The MWMS entrypoints' TensorFlow backup (tfhpc_runtime.backup)."""
+    parser.add_argument("--backup-dir", default=None,
+                        help="back up the training state here every --backup-every-steps steps (Keras' "
+                             "BackupAndRestore in fit, a tf.train.CheckpointManager in its layout in the loop; the "
+                             "chief writes, on a file system every worker sees); the same command run again "
+                             "continues from the backup, which is deleted when training ends")
+    parser.add_argument("--backup-every-steps", type=int, default=10, metavar="N",
+                        help="steps between backups: a worker killed without warning costs at most N steps")
+    return parser
+
+
 def check_training_args(args):
     """Everything that can be checked before TensorFlow starts; one line and a non-zero exit otherwise."""
     from .data import check_data_args
@@ -156,9 +168,15 @@ def check_training_args(args):
         fail(f"--lr must be positive, got {args.lr}")
     if args.resume and not args.checkpoint_dir:
         fail("--resume needs --checkpoint-dir (the directory of an earlier run's checkpoints)")
+    if getattr(args, "backup_dir", None):
+        if args.resume:
+            fail("--backup-dir restores its backup by itself: drop --resume (or drop --backup-dir to resume from "
+                 "--checkpoint-dir)")
+        if args.backup_every_steps < 1:
+            fail(f"--backup-every-steps must be at least 1, got {args.backup_every_steps}")
     args.profile_steps = parse_profile_steps(args.profile_steps, args.log_dir)
     check_data_args(args)
-    for flag in ("checkpoint_dir", "log_dir", "weights_out", "cache_dir"):
+    for flag in ("checkpoint_dir", "backup_dir", "log_dir", "weights_out", "cache_dir"):
         path = getattr(args, flag, None)
         if path:
             parent = Path(path).resolve().parent if flag == "weights_out" else Path(path).resolve()

@@ -24,6 +24,7 @@ What is proven, with the tolerances:
 - bad input: one line on stderr naming the fix, exit status 2, nothing written.
 """
 import json
+import re
 import shlex
 import struct
 import zlib
@@ -334,15 +335,22 @@ echo "status $status seconds $(python -c "print($(date +%%s.%%N) - $start)")"
 """ % SIGNAL_AT
 
 
+def interrupted(host, script, log, command):
+    """Run `command` under an interrupting script (SIGNAL_RANKS, KILL_WORKER) in the container; returns the words of
+    the script's last line, the command's output and its RESULT reports sorted by rank."""
+    outcome = host.check_output(f"bash -c {shlex.quote(script)} interrupt {log} {command}").split()
+    output = host.file(log).content_string
+    reports = sorted((json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line),
+                     key=lambda r: r["rank"])
+    return outcome, output, reports
+
+
 @pytest.mark.parametrize("name", list(ENTRYPOINTS))
 def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host, image_layer, work, full_runs, name):
     full, full_weights = full_runs(name)
     directory, log = f"{work}/{name}-signal-ckpt", f"{work}/{name}-signal.log"
     command = SIGNALLED[name](f"{SMALL} --epochs 3 --log-steps 1 --checkpoint-dir {directory} --resume auto")
-    outcome = host.check_output(f"bash -c {shlex.quote(SIGNAL_RANKS)} signal {log} {command}").split()
-    output = host.file(log).content_string
-    stopped = sorted((json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line),
-                     key=lambda r: r["rank"])
+    outcome, output, stopped = interrupted(host, SIGNAL_RANKS, log, command)
     assert int(outcome[1]) == 99 and [r["rank"] for r in stopped] == [0, 1], output[-3000:]
     at = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
     assert len(at) == 1, f"the ranks stopped at the same step: {at}"
@@ -364,6 +372,130 @@ def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host
           f"{max(r['stopped']['seconds_since_signal'] for r in stopped):.2f} s), 0 steps redone; resumed vs "
           f"uninterrupted: max |dw| = {difference:.3g}")
     assert difference <= RESUME_TOLERANCE
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# TensorFlow's backup (--backup-dir of the MWMS entrypoints: Keras' BackupAndRestore in fit, a CheckpointManager in
+# its layout in the loop): the step a signal stopped the workers at is backed up and kept, a worker SIGKILLed
+# mid-epoch leaves the newest backup, and the same command continues from either with the uninterrupted run's
+# weights; a backup of another model or world size is one line. (On Slurm, with a requeue: tests/cluster.)
+
+BACKUP_RUN = f"{SMALL} --epochs 3 --backup-every-steps 7"
+MWMS_ENTRYPOINTS = ["mwms_keras_fit", "mwms_custom_loop"]
+# Runs in the container: the command in the background, SIGKILL to worker 1 (TF_CONFIG index 1) once the log shows
+# KILL_AT, then the launcher's exit status (it stops the other worker when one dies).
+KILL_AT = "epoch 2/3 step 20/"
+KILL_WORKER = """
+log=$1; shift
+"$@" > "$log" 2>&1 & job=$!
+for i in $(seq 1800); do grep -q "%s" "$log" && break; sleep 0.1; done
+for p in $(pgrep -f train/); do
+    tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -q '^TF_CONFIG=.*"index": 1' && kill -KILL $p
+done
+wait $job; echo "status $?"
+""" % KILL_AT
+
+
+@pytest.fixture(scope="module")
+def signalled_backups(host, work):
+    """name -> (reports of the stopped workers, a copy of the backup they left) of a run with --backup-dir that
+    SIGUSR1 stopped mid-epoch 2; the backup itself is left for the resume test."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            directory, log = f"{work}/{name}-backup-signal", f"{work}/{name}-backup-signal.log"
+            command = SIGNALLED[name](f"{BACKUP_RUN} --log-steps 1 --backup-dir {directory}")
+            outcome, output, stopped = interrupted(host, SIGNAL_RANKS, log, command)
+            assert int(outcome[1]) == 99 and [r["rank"] for r in stopped] == [0, 1], output[-3000:]
+            host.check_output(f"cp -a {directory} {directory}-kept")
+            done[name] = stopped, f"{directory}-kept"
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", MWMS_ENTRYPOINTS)
+def test_mwms_signal_with_a_backup_dir_resumes_from_that_step(host, image_layer, work, full_runs,
+                                                              signalled_backups, name):
+    _, full_weights = full_runs(name)
+    stopped, _ = signalled_backups(name)
+    (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
+    assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
+    for report in stopped:
+        assert report["backup"]["written"][-1] == [epoch, step], "the stop step backed up by every worker"
+        assert report["backup"]["written"][:2] == [[0, 7], [0, 14]], "and every 7 steps before"
+    directory = f"{work}/{name}-backup-signal"
+    assert "ckpt-" in host.check_output(f"cat {directory}/chief/checkpoint"), "the stopped run's backup is kept"
+    difference = resume_from_backup(host, work, name, directory, (epoch, step), full_weights)
+    print(f"{name} --backup-dir: SIGUSR1 at step {step} of epoch 2, resumed from the backup of that step; "
+          f"resumed vs uninterrupted: max |dw| = {difference:.3g}")
+    assert difference <= RESUME_TOLERANCE
+
+
+@pytest.mark.parametrize("name", MWMS_ENTRYPOINTS)
+def test_a_sigkilled_worker_leaves_a_backup_the_next_run_resumes(host, image_layer, work, full_runs, name):
+    _, full_weights = full_runs(name)
+    directory, log = f"{work}/{name}-backup-kill", f"{work}/{name}-backup-kill.log"
+    command = SIGNALLED[name](f"{BACKUP_RUN} --log-steps 1 --backup-dir {directory}")
+    outcome, output, reports = interrupted(host, KILL_WORKER, log, command)
+    assert int(outcome[1]) != 0 and reports == [], output[-3000:]
+    killed_at = max((int(e) - 1, int(s)) for e, s in re.findall(r"epoch (\d+)/3 step (\d+)/", output))
+    assert killed_at >= (1, 20), "killed mid-epoch 2, after the log showed step 20"
+    prefix = host.check_output(f"cat {directory}/chief/checkpoint").split('"')[1]
+    steps = 3000 // 64
+    # backups every 7 steps of the run: the newest at or before the chief's last logged step (or the one step the
+    # chief had backed up but not yet logged when the launcher stopped it)
+    position = divmod(7 * int(prefix.rpartition("-")[2]), steps)
+    redone = (killed_at[0] * steps + killed_at[1]) - (position[0] * steps + position[1])
+    assert -1 <= redone < 7, (killed_at, position)
+    difference = resume_from_backup(host, work, name, directory, position, full_weights, suffix="killed")
+    print(f"{name} --backup-dir: worker 1 SIGKILLed after step {killed_at[1]} of epoch 2 (as logged), resumed from "
+          f"the backup of step {position[1]}: {redone} step(s) redone; resumed vs uninterrupted: max |dw| = "
+          f"{difference:.3g}")
+    assert difference <= RESUME_TOLERANCE
+
+
+def resume_from_backup(host, work, name, directory, position, full_weights, suffix="signalled"):
+    """The same command again: it starts at `position` (epoch index, steps done) from the backup, trains to the end
+    and deletes the backup; returns max |dw| against the uninterrupted run."""
+    weights = f"{work}/{name}-backup-{suffix}.npz"
+    resumed = run_ranks(host, ENTRYPOINTS[name](f"{BACKUP_RUN} --backup-dir {directory} --weights-out {weights}"), 2)
+    for report in resumed:
+        assert (report["initial_epoch"], report["initial_step"]) == position, "no step done twice"
+        assert report["backup"]["restored_from"].startswith(f"{directory}/chief/ckpt-")
+        first = report["backup"]["first_step"]
+        assert (first["epoch"], first["step"]) == position, "training itself started at the backup's step"
+        assert len(report["losses"]) == 3 - position[0]
+    assert host.check_output(f"ls -A {directory}") == "", "a finished run's backup is deleted"
+    return max_difference(host, full_weights, weights)
+
+
+@pytest.mark.parametrize("case, flags, phrases", [
+    ("model", "--model mlp", ["a run with --model cnn, not --model mlp", "run with --model cnn"]),
+    ("workers", "", ["workers 2, this run has 1", "run with 2"]),
+    ("variables", "--model mlp", ["does not fit this model", "give a new --backup-dir"]),
+])
+def test_a_backup_of_another_run_is_one_line_and_kept(host, image_layer, work, signalled_backups, case, flags,
+                                                      phrases):
+    """One worker resumes the 2-worker backup: another --model, another world size, and a backup whose record matches
+    but whose variables do not (TensorFlow's restore error, translated)."""
+    _, kept = signalled_backups("mwms_keras_fit")
+    directory = f"{work}/backup-other-{case}"
+    host.check_output(f"rm -rf {directory} && cp -a {kept} {directory}")
+    if case == "variables":  # the record of a 1-worker MLP run over the 2-worker CNN backup
+        record = json.loads(host.file(f"{directory}/chief/tfhpc-backup.json").content_string)
+        record["identity"]["model"] = "mlp"
+        record["position"].update(workers=1, global_batch=32, steps_per_epoch=3000 // 32)
+        host.check_output(f"echo {shlex.quote(json.dumps(record))} > {directory}/chief/tfhpc-backup.json")
+    before = host.check_output(f"ls -lAR --time-style=full-iso {directory}")
+    result = host.run(python("mwms_keras_fit.py", f"{BACKUP_RUN} {flags} --backup-dir {directory}"))
+    # TensorFlow has started by then (its own log lines may precede ours): one line of ours, no traceback
+    lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
+    assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for phrase in phrases:
+        assert phrase in lines[0], (phrase, lines[0])
+    assert host.check_output(f"ls -lAR --time-style=full-iso {directory}") == before
 
 
 def test_a_mid_epoch_checkpoint_resumed_with_other_ranks_is_one_line(host, image_layer, work, full_runs):

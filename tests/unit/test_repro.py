@@ -180,3 +180,15 @@ def test_layers_that_declare_source_date_epoch_get_their_own_sources_time():
         assert epoch.isdigit()
         assert layer_sources(config, layer)[0] == f"containers/{layer}"
     assert "SOURCE_DATE_EPOCH" not in layer_inputs(config, "base")[1]
+
+
+@pytest.mark.parametrize("layer", ["tensorflow", "horovod", "app"])
+def test_every_pip_install_of_the_final_stage_runs_under_source_date_epoch(layer):
+    """An ARG is in the environment of the RUN steps after it in its stage: every `build-pip install` of the image's
+    own stage (the last FROM) must come after `ARG SOURCE_DATE_EPOCH`, or its .pyc files embed the install time."""
+    text = (repro.REPO_ROOT / "containers" / layer / "Dockerfile").read_text()
+    final_stage = text[text.rindex("\nFROM "):]
+    installs = [index for index in range(len(final_stage)) if final_stage.startswith("build-pip install", index)]
+    declared = final_stage.find("\nARG SOURCE_DATE_EPOCH")
+    assert installs, f"no pip install in {layer}'s final stage"
+    assert 0 <= declared < min(installs), f"{layer}: ARG SOURCE_DATE_EPOCH must precede the stage's pip installs"

@@ -66,6 +66,7 @@ class LayerResult:
     identical: int
     differences: list[Difference] = field(default_factory=list)
     build_seconds: list[float] = field(default_factory=list)
+    image_ids: list[str] = field(default_factory=list)
 
     @property
     def unexplained(self) -> list[Difference]:
@@ -159,7 +160,7 @@ def report_json(config: Config, results: list[LayerResult], seconds: float, when
         "layers": {r.layer: {
             "compared_trees": list(r.roots), "files": r.files, "identical": r.identical,
             "differences": [vars(d) for d in r.differences], "unexplained": len(r.unexplained),
-            "build_seconds": r.build_seconds} for r in results},
+            "build_seconds": r.build_seconds, "image_ids": r.image_ids} for r in results},
     }
 
 
@@ -172,6 +173,8 @@ def report_markdown(report: dict) -> str:
     for layer, r in report["layers"].items():
         lines.append(f"| {layer} | {', '.join(r['compared_trees'])} | {r['files']} | {r['identical']} | "
                      f"{len(r['differences'])} | {r['unexplained']} | {' / '.join(map(str, r['build_seconds']))} |")
+    lines += ["", "Image ids of the two builds (they differ: the layers hold the file times of each build):", ""]
+    lines += [f"- {layer}: {' / '.join(r['image_ids'])}" for layer, r in report["layers"].items()]
     for layer, r in report["layers"].items():
         if r["differences"]:
             lines += ["", f"## {layer}: differing files", "", "| file | reason | explained |", "|---|---|---|"]
@@ -223,30 +226,47 @@ def docker_time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(whole + fraction + ("+00:00" if zone == "Z" else zone))
 
 
-def records_made_since(records: list[dict], started: datetime.datetime) -> list[str]:
-    """The ids of the build cache records (`docker system df`'s BuildCache) that a build made after `started` and that
-    no image or build uses any more: layer snapshots only, not pip's cache mount or the build context."""
+def records_made_between(records: list[dict], started: datetime.datetime,
+                         ended: datetime.datetime | None = None) -> list[str]:
+    """The ids of the build cache records (`docker system df`'s BuildCache) made from `started` to `ended` (open:
+    None) that no image or build uses any more: layer snapshots only, not pip's cache mount or the build context."""
+    def made_then(record: dict) -> bool:
+        created = docker_time(record["CreatedAt"])
+        return started <= created and (ended is None or created <= ended)
     return [record["ID"] for record in records
-            if record.get("Type") == "regular" and not record.get("InUse")
-            and docker_time(record["CreatedAt"]) >= started]
+            if record.get("Type") == "regular" and not record.get("InUse") and made_then(record)]
 
 
-def prune_build_cache_since(started: datetime.datetime) -> int:
-    """Remove the build cache records the repro builds made; returns how many. BuildKit answers a cached step with
-    its newest record, so these would otherwise stand in for the stack's own at the next `make image`: the same files
-    with other file times, hence new image ids from that layer up, and Horovod compiled again. A build that runs at
-    the same time loses its new records too: a cache miss later, its images stay."""
+def prune_build_cache(started: datetime.datetime, ended: datetime.datetime | None = None) -> int:
+    """Remove the build cache records the repro builds made (records_made_between); returns how many. BuildKit answers
+    a cached step with its newest record, so these would otherwise stand in for the stack's own at the next `make
+    image`: the same files with other file times, hence new image ids from that layer up, and Horovod compiled
+    again. A build that runs at the same time loses its new records too: a cache miss later, its images stay."""
+    import docker.errors
     from .dockerhost import client
     engine = client()
-    ids = records_made_since(engine.df().get("BuildCache") or [], started)
-    if ids:
-        engine.api.prune_builds(filters={"id": ids})
-    return len(ids)
+
+    def remaining() -> set[str]:
+        return set(records_made_between(engine.df().get("BuildCache") or [], started, ended))
+    made = left = remaining()
+    while left:  # a record that others were made from goes once they have gone: rounds while that shrinks the set
+        for record in left:
+            try:  # one id per call: the engine takes one value per filter
+                engine.api.prune_builds(filters={"id": record})
+            except docker.errors.APIError as error:
+                log(f"warning: build cache record {record} not removed ({error.explanation})")
+        before, left = left, remaining()
+        if left >= before:
+            break
+    if left:
+        log(f"{len(left)} build cache records of the repro builds are kept: a later build was made from them")
+    return len(made - left)
 
 
 def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_index_url: str | None) -> dict:
     """Build each of `layers` twice with --no-cache on the stack's existing parent image, compare, write the report.
     Returns the report (report_json)."""
+    import docker.errors
     from .build import build_image, layer_inputs
     from .dockerhost import client
     engine = client()
@@ -256,7 +276,7 @@ def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_ind
         parent = config.image(config.layers.get(layer).parent)
         try:
             engine.images.get(parent)
-        except Exception:
+        except docker.errors.ImageNotFound:
             raise UserError(f"repro: the parent image {parent} is missing: build it with `make image "
                             f"LAYER={config.layers.get(layer).parent}`") from None
     started = time.monotonic()
@@ -267,7 +287,7 @@ def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_ind
         for layer in layers:
             parent = config.image(config.layers.get(layer).parent)
             labels, extra_args = layer_inputs(config, layer)
-            listings, seconds = [], []
+            listings, seconds, image_ids = [], [], []
             for build in ("a", "b"):
                 image = f"tfhpc-repro-{layer}:{config.tag}-{build}"
                 build_started = time.monotonic()
@@ -275,22 +295,23 @@ def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_ind
                     build_image(config, REPO_ROOT / "containers" / layer / "Dockerfile", image, parent, ca_bundle,
                                 pip_index_url, labels, extra_args, no_cache=True)
                     seconds.append(round(time.monotonic() - build_started, 1))
+                    image_ids.append(engine.images.get(image).id)
                     log(f"listing {', '.join(COMPARED_TREES[layer])} of {image}")
                     listing = image_listing(image, COMPARED_TREES[layer])
                 finally:
                     try:
                         engine.images.remove(image, noprune=False)
-                    except Exception:
+                    except docker.errors.ImageNotFound:
                         pass  # the build failed before tagging: nothing to remove
                 write_atomically(REPORT_DIR / f"{layer}-{build}.sha256", sha256_lines(listing).encode())
                 listings.append(listing)
             result = compare(layer, COMPARED_TREES[layer], *listings)
-            result.build_seconds = seconds
+            result.build_seconds, result.image_ids = seconds, image_ids
             results.append(result)
             log(f"{layer}: {result.identical} of {result.files} files identical, "
                 f"{len(result.unexplained)} unexplained differences")
     finally:
-        log(f"removed {prune_build_cache_since(started_at)} build cache records of the repro builds")
+        log(f"removed {prune_build_cache(started_at)} build cache records of the repro builds")
     when = started_at.isoformat(timespec="seconds")
     report = report_json(config, results, time.monotonic() - started, when)
     write_atomically(REPORT_DIR / "report.json", (json.dumps(report, indent=2) + "\n").encode())

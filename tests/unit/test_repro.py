@@ -168,7 +168,9 @@ def test_only_new_unused_layer_records_are_pruned():
         {"ID": "used", "Type": "regular", "InUse": True, "CreatedAt": "2026-11-24T22:00:01Z"},
         {"ID": "pipcache", "Type": "exec.cachemount", "InUse": False, "CreatedAt": "2026-11-24T22:00:01Z"},
     ]
-    assert repro.records_made_since(records, started) == ["new"]
+    assert repro.records_made_between(records, started) == ["new"]
+    assert repro.records_made_between(records, started, started + datetime.timedelta(seconds=1)) == []
+    assert repro.records_made_between(records, started - datetime.timedelta(hours=1)) == ["old", "new"]
 
 
 def test_layers_that_declare_source_date_epoch_get_their_own_sources_time():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from .common import REPO_ROOT, UserError, log, write_atomically
+from .common import REPO_ROOT, UserError, git_head, log, write_atomically
 from .manifest import Config
 
 REPORT_DIR = REPO_ROOT / "build" / "repro"
@@ -155,6 +155,7 @@ def report_json(config: Config, results: list[LayerResult], seconds: float, when
     return {
         "date": when,
         "config": config.tag,
+        "commit": git_head()[0][:12],
         "duration_seconds": round(seconds, 1),
         "passed": not any(r.unexplained for r in results),
         "layers": {r.layer: {
@@ -165,7 +166,7 @@ def report_json(config: Config, results: list[LayerResult], seconds: float, when
 
 
 def report_markdown(report: dict) -> str:
-    lines = [f"# Same bytes twice: {report['config']}, {report['date']}", "",
+    lines = [f"# Same bytes twice: {report['config']}, {report['date']}, commit {report['commit'] or '(none)'}", "",
              f"Two builds of each layer without the build cache, {report['duration_seconds']} s in all: "
              f"{'passed' if report['passed'] else 'FAILED'}.", "",
              "| layer | compared trees | files | identical | differing | unexplained | build times (s) |",
@@ -173,7 +174,7 @@ def report_markdown(report: dict) -> str:
     for layer, r in report["layers"].items():
         lines.append(f"| {layer} | {', '.join(r['compared_trees'])} | {r['files']} | {r['identical']} | "
                      f"{len(r['differences'])} | {r['unexplained']} | {' / '.join(map(str, r['build_seconds']))} |")
-    lines += ["", "Image ids of the two builds (they differ: the layers hold the file times of each build):", ""]
+    lines += ["", "Image ids of the two builds (they differ: each build's layers and history hold its own times):", ""]
     lines += [f"- {layer}: {' / '.join(r['image_ids'])}" for layer, r in report["layers"].items()]
     for layer, r in report["layers"].items():
         if r["differences"]:

@@ -23,7 +23,7 @@ export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGIS
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -84,6 +84,9 @@ test-images: image ## tooling and image tests only (no SIF, no cluster): the GPU
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
+
+repro: venv ## build the tensorflow and app layers twice without cache on the stack's images, compare their files (build/repro/)
+	$(PYTHON) -m tfhpc repro
 
 clean: venv ## remove dangling images and the docker build cache
 	$(PYTHON) -m tfhpc clean

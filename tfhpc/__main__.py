@@ -99,6 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     _add_source_options(ci_layer, base_help="root image of the first layer: registry, debootstrap or auto",
                         ca_help="CA bundle for apt/pip during the build")
 
+    repro = commands.add_parser("repro", help="build the tensorflow and app layers twice without cache on the stack's "
+                                "parent images and compare their files: build/repro/report.{json,md}")
+    _add_config_options(repro)
+    repro.add_argument("--layer", action="append", default=None,
+                       help="layer to build twice (repeatable; default: tensorflow and app)")
+    repro.add_argument("--ca-bundle", default=default_ca_bundle(),
+                       help="PEM bundle for apt/pip during the builds only ('none': no bundle)")
+    repro.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
+                       help="PyPI mirror for the builds (a BuildKit secret: never in a layer)")
+
     clean = commands.add_parser("clean", help="remove dangling images and the build cache")
     clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")
 
@@ -196,6 +206,17 @@ def main(argv: list[str] | None = None) -> int:
             from pathlib import Path
             from .edf import write_edf
             print(write_edf(manifest, config, args.image, args.registry, Path(args.output) if args.output else None))
+        elif args.command == "repro":
+            from .repro import COMPARED_TREES, REPORT_DIR, run_repro
+            report = run_repro(config, args.layer or list(COMPARED_TREES), resolve_ca_bundle(args.ca_bundle),
+                               args.pip_index_url)
+            print(REPORT_DIR / "report.md")
+            if not report["passed"]:
+                count = sum(layer["unexplained"] for layer in report["layers"].values())
+                print(f"tfhpc: error: {count} files differ between two cold builds without an explanation: "
+                      f"see {REPORT_DIR / 'report.md'}, fix the cause or name it in tfhpc/repro.py EXPLAINED",
+                      file=sys.stderr)
+                return 1
         elif args.command == "build":
             from .build import build_stack
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

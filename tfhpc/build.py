@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -36,16 +37,19 @@ def proxy_build_args(environ: dict[str, str] | None = None) -> list[str]:
 def build_image(config: Config, dockerfile: Path, image: str, parent_image: str, ca_bundle: Path | None,
                 pip_index_url: str | None = None, labels: dict[str, str] | None = None,
                 extra_args: dict[str, str] | None = None, shown_as: str | None = None,
-                target: str | None = None) -> str:
+                target: str | None = None, no_cache: bool = False) -> str:
     """Build `dockerfile` (context: the checkout) on `parent_image` (its BASE_IMAGE) with the configuration's build
     arguments and tag it `image` only if the build succeeds, so a failed build leaves the previous image in place.
-    `shown_as`: the name to report when `image` is a staging tag (see build_stack); `target`: a stage to stop at."""
+    `shown_as`: the name to report when `image` is a staging tag (see build_stack); `target`: a stage to stop at;
+    `no_cache`: run every step again (docker build --no-cache; cache mounts such as pip's downloads stay)."""
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
                 "--build-arg", f"BASE_IMAGE={parent_image}"]
         if target:
             args += ["--target", target]
+        if no_cache:
+            args.append("--no-cache")
         for key, value in {**config.build_args(), **(extra_args or {})}.items():
             args += ["--build-arg", f"{key}={value}"]
         for key, value in (labels or {}).items():
@@ -69,16 +73,31 @@ def build_image(config: Config, dockerfile: Path, image: str, parent_image: str,
     return image
 
 
+def layer_sources(config: Config, layer: str) -> tuple[str, ...]:
+    """What the layer `layer` alone is built from (git pathspecs): its folder under containers/ and its lock files."""
+    return f"containers/{layer}", f"{config.locks}/{layer}*.txt"
+
+
+def declares_source_date_epoch(layer: str) -> bool:
+    dockerfile = REPO_ROOT / "containers" / layer / "Dockerfile"
+    return re.search(r"^ARG SOURCE_DATE_EPOCH\b", dockerfile.read_text(), re.MULTILINE) is not None
+
+
 def layer_inputs(config: Config, layer: str) -> tuple[dict[str, str], dict[str, str]]:
     """The labels and the build arguments beyond the manifest's of the stack's layer `layer`. Only the leaf carries
     per-commit values (revision, creation time, its SBOM's name and timestamp): on the layers below they would change
     the image id at every commit and void the cache of everything built on top. The time is the source's
     (source_epoch), so a warm rebuild of the same commit gives the same image id and `make sif` does not convert
-    again."""
+    again. A layer whose Dockerfile declares SOURCE_DATE_EPOCH gets the time of the last commit that changed that
+    layer's own sources (layer_sources): it changes only when the layer rebuilds anyway, so a script edit does not
+    reinstall TensorFlow."""
+    extra_args = {}
+    if declares_source_date_epoch(layer):
+        extra_args["SOURCE_DATE_EPOCH"] = str(source_epoch(sources=layer_sources(config, layer)))
     if layer != config.layers.leaf:
-        return config.labels(layer), {}
+        return config.labels(layer), extra_args
     return (config.labels(layer, git_revision(), source_date()),
-            {"SBOM_IMAGE": config.image(layer), "SBOM_SOURCE_EPOCH": str(source_epoch())})
+            {**extra_args, "SBOM_IMAGE": config.image(layer), "SBOM_SOURCE_EPOCH": str(source_epoch())})
 
 
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,

@@ -61,11 +61,11 @@ def write_atomically(path: Path, data: bytes) -> Path:
 IMAGE_SOURCES = ("containers", "locks", "scripts", "versions.toml")
 
 
-def _last_image_commit() -> tuple[str, str]:
-    """(full hash, commit time in seconds) of the last commit that changed IMAGE_SOURCES, or ("", "")."""
+def _last_image_commit(sources: tuple[str, ...] = IMAGE_SOURCES) -> tuple[str, str]:
+    """(full hash, commit time in seconds) of the last commit that changed `sources` (git pathspecs), or ("", "")."""
     try:
         line = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H %ct", "HEAD", "--",
-                               *IMAGE_SOURCES], capture_output=True, text=True, timeout=10).stdout.strip()
+                               *sources], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         line = ""
     commit, _, committed = line.partition(" ")
@@ -95,17 +95,17 @@ def git_revision() -> str:
 FALLBACK_SOURCE_EPOCH = 0
 
 
-def source_epoch(environ: dict[str, str] | None = None) -> int:
+def source_epoch(environ: dict[str, str] | None = None, sources: tuple[str, ...] = IMAGE_SOURCES) -> int:
     """The image creation time in seconds since 1970, taken from the source, never from the clock, so that a warm
     rebuild of an unchanged tree gives the same image ids: SOURCE_DATE_EPOCH when set, else the time of the last commit
-    that changed IMAGE_SOURCES (also for a tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
+    that changed `sources` (also for a tree with uncommitted changes), else FALLBACK_SOURCE_EPOCH."""
     environ = os.environ if environ is None else environ
     value = environ.get("SOURCE_DATE_EPOCH", "").strip()
     if value:
         if not value.isdigit():
             raise UserError(f"SOURCE_DATE_EPOCH={value}: not a number of seconds since 1970: give an integer or unset it")
         return int(value)
-    committed = _last_image_commit()[1]
+    committed = _last_image_commit(sources)[1]
     return int(committed) if committed.isdigit() else FALLBACK_SOURCE_EPOCH
 
 

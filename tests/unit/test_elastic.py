@@ -117,7 +117,7 @@ def test_discovery_bad_input_is_one_line_and_exit_2(env, message):
 
 def elastic_args(**overrides):
     values = {"elastic": True, "global_batch_size": None, "different_init_per_rank": False, "resume": None,
-              "checkpoint_dir": None}
+              "checkpoint_dir": None, "epochs": 3, "commit_steps": 1}
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -126,6 +126,7 @@ def elastic_args(**overrides):
              "--min-np 2"),
     ({"global_batch_size": 64}, {"HOROVOD_ELASTIC": "1"}, "--global-batch-size cannot be kept when --elastic"),
     ({"different_init_per_rank": True}, {"HOROVOD_ELASTIC": "1"}, "--different-init-per-rank has no effect"),
+    ({"commit_steps": 0}, {"HOROVOD_ELASTIC": "1"}, "--commit-steps must be at least 1, got 0"),
 ])
 def test_elastic_refusals_are_one_line(capsys, overrides, env, message):
     with pytest.raises(SystemExit) as stopped:
@@ -145,4 +146,9 @@ def test_elastic_refuses_a_mid_epoch_checkpoint_but_resumes_an_epoch_one(tmp_pat
         check_elastic_args(args, env)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a mid-epoch checkpoint (13 step(s) into an epoch)" in err, err
+    (tmp_path / "latest.json").write_text(json.dumps({"epoch": 3, "step": 0, "path": "epoch-0003/ckpt"}))
+    with pytest.raises(SystemExit):
+        check_elastic_args(args, env)  # every epoch done: refused before any rank could join and wait
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has already done 3 epoch(s): raise --epochs above 3" in err, err
     check_elastic_args(elastic_args(elastic=False, global_batch_size=64), {})  # without --elastic: nothing checked

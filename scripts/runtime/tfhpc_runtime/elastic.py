@@ -4,6 +4,7 @@ the hosts of a Slurm allocation for `horovodrun --host-discovery-script` (tfhpc-
 Imports neither numpy nor TensorFlow: the discovery script runs once a second in horovodrun's driver, and bad input
 is reported before any framework starts.
 """
+import argparse
 import json
 import os
 import re
@@ -28,6 +29,8 @@ UNUSABLE_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "boot", "p
 def check_elastic_args(args, environ=os.environ):
     """--elastic needs horovodrun's elastic mode (it sets HOROVOD_ELASTIC=1 for every worker); one line otherwise.
     What it cannot be combined with is refused here too, before TensorFlow starts."""
+    if getattr(args, "commit_steps", 1) < 1:
+        fail(f"--commit-steps must be at least 1, got {args.commit_steps}")
     if not getattr(args, "elastic", False):
         return
     if environ.get("HOROVOD_ELASTIC") != "1":
@@ -42,9 +45,13 @@ def check_elastic_args(args, environ=os.environ):
     if args.resume and args.checkpoint_dir:
         record = Path(args.checkpoint_dir) / "latest.json"
         try:
-            step = int(json.loads(record.read_text()).get("step", 0))
+            written = json.loads(record.read_text())
+            epoch, step = int(written.get("epoch", 0)), int(written.get("step", 0))
         except (OSError, ValueError, AttributeError):
-            step = 0  # no checkpoint (start fresh) or an unreadable one (Checkpoints.latest names the problem)
+            epoch, step = 0, 0  # no checkpoint (start fresh) or an unreadable one (Checkpoints.latest names it)
+        if epoch >= args.epochs:  # refused here: with --elastic, ranks may join before rank 0 could say it
+            fail(f"the checkpoint in {args.checkpoint_dir} has already done {epoch} epoch(s): raise --epochs above "
+                 f"{epoch} to train further")
         if step:
             fail(f"{record} is a mid-epoch checkpoint ({step} step(s) into an epoch), which holds only for the "
                  f"number of ranks that wrote it and --elastic does not keep that number: finish the epoch "
@@ -162,3 +169,50 @@ def discover(environ=os.environ, port=22, timeout=1.0):
                                 capture_output=True, text=True, timeout=30)
         sinfo_output = result.stdout if result.returncode == 0 else None
     return [f"{host}:{slots}" for host, slots in usable_hosts(hosts, sinfo_output, port, timeout)]
+
+
+# ---------------------------------------------------------------------------------------------------------------- #
+# Flags and progress of the elastic entrypoints
+
+def add_elastic_args(parser):
+    parser.add_argument("--elastic", action="store_true",
+                        help="Horovod Elastic: carry on with the ranks that are left when a host fails and take in "
+                             f"hosts that join; needs `{ELASTIC_COMMAND}`")
+    parser.add_argument("--commit-steps", type=int, default=1, metavar="N",
+                        help="with --elastic: keep a copy of the state in memory every N steps (and at each epoch's "
+                             "end); a failure repeats at most the steps since the last copy")
+    return parser
+
+
+class Timeline:
+    """Per rank, with --elastic: when each step ended and with how many ranks, and when resets happened, for the
+    RESULT line (the pause when a host is lost and the throughput before and after are computed from it)."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.steps = []  # [time, ranks] per step
+        self.resets = []  # time of each reset
+
+    def step(self, ranks):
+        self.steps.append([round(self.clock(), 3), ranks])
+
+    def reset(self):
+        self.resets.append(round(self.clock(), 3))
+
+    def result(self):
+        return {"step_times": self.steps, "resets": self.resets,
+                "sizes": sorted({ranks for _, ranks in self.steps})}
+
+
+def run_training(train, progress, timeline, elastic=None):
+    """train(state) -> (state, what train returned). progress: the state's attributes (epoch, samples done, metrics).
+    Without Horovod Elastic the state is a plain namespace. With elastic = (state class, hvd.elastic.run, model,
+    optimizer) it is Horovod's state object holding the model, the optimizer and progress, rolled back to the last
+    commit and broadcast from rank 0 whenever the hosts change, and run calls train again after every reset."""
+    if elastic is None:
+        state = argparse.Namespace(**progress)
+        return state, train(state)
+    state_class, run, model, optimizer = elastic
+    state = state_class(model, optimizer, **progress)
+    state.register_reset_callbacks([timeline.reset])
+    return state, run(train)(state)

@@ -119,7 +119,7 @@ def main():
         warmup_steps = int(args.warmup_epochs * steps) if lr != args.lr else 0
         stop.end = (args.epochs - 1, steps)
         checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
-        first_epoch, first_step = state.epoch, resume_step(state.samples, batch * size)
+        first_epoch, first_step = state.epoch, resume_step(state.samples, batch * size, steps)
         iterator = iter(train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
                                       start_epoch=first_epoch, epochs=args.epochs, shuffle_buffer=args.shuffle_buffer,
                                       shard=(size, rank),  # Horovod: each rank reads its own part of the data.

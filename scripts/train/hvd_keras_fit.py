@@ -149,7 +149,7 @@ def main():
             optimizer.learning_rate.assign(lr)
         stop.end = (args.epochs - 1, steps)
         checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
-        first_epoch, first_step = state.epoch, resume_step(state.samples, batch * size)
+        first_epoch, first_step = state.epoch, resume_step(state.samples, batch * size, steps)
         # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of
         # its own.
         stretches = [(first_epoch, first_epoch + 1, first_step)] if first_step else []

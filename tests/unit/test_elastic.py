@@ -70,9 +70,10 @@ def test_a_host_that_does_not_answer_is_left_out(listening):
 
 
 def test_resumed_epochs_continue_after_the_samples_done():
-    assert resume_step(12 * 96, 64) == 18  # 12 steps of 3 ranks x 32 = 18 steps of 2 ranks x 32
-    assert resume_step(13 * 96, 64) == 19  # rounded down: at most one step's samples are seen twice
-    assert resume_step(0, 64) == 0
+    assert resume_step(12 * 96, 64, 46) == 18  # 12 steps of 3 ranks x 32 = 18 steps of 2 ranks x 32
+    assert resume_step(13 * 96, 64, 46) == 19  # rounded down: at most one step's samples are seen twice
+    assert resume_step(0, 64, 46) == 0
+    assert resume_step(40 * 96, 64, 50) == 49  # --steps-per-epoch 50 with fewer ranks: the epoch's last step left
 
 
 def fake_slurm(tmp_path, states):

@@ -58,11 +58,12 @@ def check_elastic_args(args, environ=os.environ):
                  f"without --elastic (--resume auto with those ranks), then resume with --elastic")
 
 
-def resume_step(samples_done, global_batch):
+def resume_step(samples_done, global_batch, steps):
     """The step at which to continue an epoch of which samples_done samples are trained, with the current global
-    batch: a reset that changed the number of ranks continues after as many samples (rounded down to whole steps of
-    the new batch), not after the same step number."""
-    return samples_done // global_batch
+    batch and steps per epoch: a reset that changed the number of ranks continues after as many samples (rounded down
+    to whole steps of the new batch), not after the same step number; at least one step of the epoch is left (with a
+    fixed --steps-per-epoch, fewer ranks make shorter epochs), so that the epoch ends as every epoch does."""
+    return min(samples_done // global_batch, steps - 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------- #

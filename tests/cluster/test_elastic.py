@@ -20,7 +20,7 @@ from harness import Cluster, image_node_image
 
 NODES = ["node1", "node2", "node3"]
 LOST = "node3"  # never node1: horovodrun's driver runs there
-EPOCHS = 30  # long enough (about 2 min with 3 ranks) for node3 to be killed, started again and to rejoin
+EPOCHS = 50  # long enough (2-3 min) for node3 to be killed, started again and to rejoin before the end
 TRAIN_FLAGS = f"--epochs {EPOCHS} --train-samples 3000 --batch-size 32 --verbose 0"
 # The discovery script as a Slurm job would run it: the shipped one, with the job's node list in its environment.
 DISCOVER = "#!/bin/sh\nSLURM_JOB_NODELIST='node[1-3]' SLURM_NTASKS_PER_NODE=1 exec tfhpc-slurm-hosts --timeout 1\n"

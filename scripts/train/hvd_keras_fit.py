@@ -19,6 +19,12 @@ warm-up epoch, SGD with momentum 0.9, seed 1234 on every rank. Every rank prints
 
 SIGUSR1 or SIGTERM (Slurm's warning before the time limit, preemption) saves and stops: the ranks agree after every
 batch, rank 0 writes a checkpoint of that step, every rank exits with status 99; --resume auto continues there.
+
+--elastic (Horovod Elastic, under `horovodrun --min-np N --max-np M --host-discovery-script SCRIPT`): hvd.elastic's
+KerasState holds the model, the optimizer and the position, committed in memory every --commit-steps batches; when a
+host fails or joins, the ranks roll back to the last commit, Horovod starts again with the hosts there are, rank 0's
+state is broadcast, and Model.fit goes on after the samples the epoch has done, with the learning rate and the warm-up
+scaled for the new number of ranks.
 """
 import os
 import sys
@@ -26,11 +32,13 @@ import time
 
 import numpy as np
 
-from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
+from tfhpc_runtime.callbacks import elastic_callbacks, keras_callbacks, tensorboard_callback
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import (Parser, add_training_args, check_training_args, fail, launch_size, log, parse_epochs,
                                report)
 from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
+from tfhpc_runtime.elastic import (Timeline, add_elastic_args, check_elastic_args, resume_step,
+                                   run_training)
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
 from tfhpc_runtime.metrics import configure_threads
@@ -48,8 +56,10 @@ def main():
                              "course's schedule)")
     parser.add_argument("--different-init-per-rank", action="store_true",
                         help="start every rank from other random weights, to see the broadcast make them agree")
+    add_elastic_args(parser)
     args = parser.parse_args()
     check_training_args(args)
+    check_elastic_args(args)
     per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
     decay_epochs = parse_epochs(args.lr_decay_epochs)
     stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
@@ -74,7 +84,8 @@ def main():
     stop.end = (args.epochs - 1, steps)
     checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume and chief else (0, 0, None)
-    start_epoch, start_step = broadcast_object((start_epoch, start_step), root_rank=0)  # Horovod: rank 0's view
+    if not args.elastic:  # Horovod Elastic: no collective before hvd.elastic.run (a joining rank would block)
+        start_epoch, start_step = broadcast_object((start_epoch, start_step), root_rank=0)  # Horovod: rank 0's view
     if start_epoch >= args.epochs:
         fail(f"the checkpoint in {args.checkpoint_dir} has already done {start_epoch} epoch(s): raise "
              f"--epochs above {start_epoch} to train further")
@@ -95,12 +106,15 @@ def main():
     # Horovod: rank 0's initial state (weights, optimizer slots, step counter) on every rank, before the first
     # step. hvd.callbacks.BroadcastGlobalVariablesCallback(0) does the same after the first batch, which suits
     # identical starts but lets ranks that resumed differently average gradients of different weights once.
-    broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
+    if not args.elastic:  # Horovod Elastic: KerasState broadcasts them at every (re)start
+        broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
     initial_weights = flat_weights(model)
 
     extra = keras_callbacks(tf)
+    tracking = elastic_callbacks(tf, hvd.elastic.CommitStateCallback if args.elastic else None)
+    timeline = Timeline(time.time)
 
-    def fit_callbacks(first_epoch, first_step):
+    def fit_callbacks(first_epoch, first_step, lr, steps, chief, checkpoints):
         callbacks = [
             hvd.callbacks.MetricAverageCallback(),  # Horovod: epoch metrics averaged over the ranks.
         ]
@@ -124,28 +138,50 @@ def main():
                 callbacks.append(tensorboard_callback(tf, args.log_dir, args.profile_steps))
         return callbacks
 
-    # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of its own.
-    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step else []
-    if start_epoch + bool(start_step) < args.epochs:
-        stretches.append((start_epoch + bool(start_step), args.epochs, 0))
+    def train(state):
+        """Model.fit over the epochs from state.epoch on, state.samples into it. With --elastic, Horovod's run()
+        calls it again after every reset, with the state of the last commit and the ranks there are then."""
+        rank, size = hvd.rank(), hvd.size()
+        chief = rank == 0
+        steps = steps_per_epoch(args, len(x_train), batch * size)
+        lr = scaled_lr(args.lr, size, args.lr_scaling)  # Horovod: scale the learning rate with the ranks.
+        if args.elastic:  # after a reset: the rate for the new number of ranks (the warm-up sets its own)
+            optimizer.learning_rate.assign(lr)
+        stop.end = (args.epochs - 1, steps)
+        checkpoints = Checkpoints.for_training(args, chief, size, batch * size, steps)
+        first_epoch, first_step = state.epoch, resume_step(state.samples, batch * size, steps)
+        # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of
+        # its own.
+        stretches = [(first_epoch, first_epoch + 1, first_step)] if first_step else []
+        if first_epoch + bool(first_step) < args.epochs:
+            stretches.append((first_epoch + bool(first_step), args.epochs, 0))
+        for stretch_epoch, end_epoch, stretch_step in stretches:
+            data = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
+                                 start_epoch=stretch_epoch, epochs=end_epoch, shuffle_buffer=args.shuffle_buffer,
+                                 shard=(size, rank),  # Horovod: each rank reads its own part of the data.
+                                 cache_file=cache_file(args, rank), start_step=stretch_step)
+            callbacks = fit_callbacks(stretch_epoch, stretch_step, lr, steps, chief, checkpoints)
+            callbacks.append(tracking.Record(state, batch * size, stretch_step, timeline, size))
+            if args.elastic:  # Horovod Elastic: the state to roll back to; raises when hosts changed
+                callbacks.append(tracking.Commit(state, args.commit_steps))
+            model.fit(data, epochs=end_epoch, initial_epoch=stretch_epoch, steps_per_epoch=steps - stretch_step,
+                      callbacks=callbacks, verbose=args.verbose if chief else 0)  # Horovod: rank 0 prints.
+            if stop.at:
+                stop.exit({"rank": rank, "size": size, "script": "hvd_keras_fit", "initial_epoch": start_epoch,
+                           "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
+                           "checkpoints_written": checkpoints.written,
+                           "weights_sum": float(flat_weights(model).sum()),
+                           "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None,
+                           "failures": []})
+        return checkpoints
+
+    history = {"epoch": start_epoch, "samples": start_step * batch * size, "losses": [], "accuracies": [],
+               "learning_rates": []}
     started = time.time()
-    histories = []
-    for first_epoch, end_epoch, first_step in stretches:
-        train = train_dataset(tf, x_train, y_train, batch=batch, steps=steps, seed=args.seed,
-                              start_epoch=first_epoch, epochs=end_epoch, shuffle_buffer=args.shuffle_buffer,
-                              shard=(size, rank),  # Horovod: each rank reads its own part of the data.
-                              cache_file=cache_file(args, rank), start_step=first_step)
-        callbacks = fit_callbacks(first_epoch, first_step)
-        histories.append(model.fit(train, epochs=end_epoch, initial_epoch=first_epoch,
-                                   steps_per_epoch=steps - first_step, callbacks=callbacks,
-                                   verbose=args.verbose if chief else 0).history)  # Horovod: rank 0 prints.
-        if stop.at:
-            stop.exit({"rank": rank, "size": size, "script": "hvd_keras_fit", "initial_epoch": start_epoch,
-                       "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
-                       "checkpoints_written": checkpoints.written, "weights_sum": float(flat_weights(model).sum()),
-                       "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
-    history = {key: [value for h in histories for value in h.get(key, [])]
-               for key in ("loss", "accuracy", "lr_at_end")}
+    elastic = (hvd.elastic.KerasState, hvd.elastic.run, model, optimizer) if args.elastic else None
+    state, checkpoints = run_training(train, history, timeline, elastic)
+    rank, size = hvd.rank(), hvd.size()  # Horovod Elastic: the ranks at the end
+    chief = rank == 0
     seconds = time.time() - started
 
     test_loss, test_accuracy = hvd_evaluate(tf, hvd, model, x_test, y_test, batch)
@@ -159,14 +195,16 @@ def main():
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
         "rank": rank, "size": size, "script": "hvd_keras_fit", "dataset": args.dataset, "model": args.model,
-        "batch_per_rank": batch, "global_batch": batch * size, "steps_per_epoch": steps, "lr": lr,
-        "initial_epoch": start_epoch, "epochs": args.epochs, "exported": exported,
-        "losses": [float(v) for v in history["loss"]], "accuracies": [float(v) for v in history["accuracy"]],
-        "learning_rates": [float(v) for v in history["lr_at_end"]], "initial_step": start_step,
+        "batch_per_rank": batch, "global_batch": batch * size,
+        "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
+        "lr": scaled_lr(args.lr, size, args.lr_scaling), "initial_epoch": start_epoch, "epochs": args.epochs,
+        "exported": exported, "losses": state.losses, "accuracies": state.accuracies,
+        "learning_rates": state.learning_rates, "initial_step": start_step,
         "test_loss": test_loss, "test_accuracy": test_accuracy, "train_seconds": seconds, "intra_threads": threads,
         "weights_sum": float(flat.sum()), "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,
-        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": failures})
+        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": failures,
+        "elastic": timeline.result() if args.elastic else None})
     return 1 if failures else 0
 
 

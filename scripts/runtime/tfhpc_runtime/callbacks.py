@@ -147,6 +147,48 @@ def keras_callbacks(tf):
                               ShiftBatches=ShiftBatches)
 
 
+def elastic_callbacks(tf, commit_state_callback=None):
+    """The fit entrypoint's progress kept in a state object (Record), and with Horovod Elastic the commit of that state
+    (Commit, from Horovod's CommitStateCallback, passed in as commit_state_callback)."""
+
+    class Record(tf.keras.callbacks.Callback):
+        """After every batch the samples done in the epoch, after every epoch its averaged metrics and the next epoch,
+        in `state`; each step's end in `timeline`. Horovod's UpdateEpochStateCallback and UpdateBatchStateCallback
+        record Keras' epoch counter of a fit restarted from 0 and the index of the last batch; the fits here keep the
+        absolute epoch (initial_epoch) and may continue mid-epoch with another number of ranks, so samples are
+        counted instead."""
+
+        def __init__(self, state, global_batch, first_step, timeline, ranks):
+            super().__init__()
+            self.state, self.global_batch, self.first_step = state, global_batch, first_step
+            self.timeline, self.ranks = timeline, ranks
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.state.samples = (self.first_step + batch + 1) * self.global_batch
+            self.timeline.step(self.ranks)
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs = logs or {}
+            self.state.losses = self.state.losses + [float(logs["loss"])]
+            self.state.accuracies = self.state.accuracies + [float(logs["accuracy"])]
+            self.state.learning_rates = self.state.learning_rates + [float(logs["lr_at_end"])]
+            self.state.epoch, self.state.samples, self.first_step = epoch + 1, 0, 0
+
+    callbacks = argparse.Namespace(Record=Record)
+    if commit_state_callback:
+        class Commit(commit_state_callback):
+            """Horovod's commit every N batches and at each epoch's end, except after an epoch's last batch: the
+            epoch's end commits once Record has its metrics, so that a reset never resumes between an epoch's last
+            step and its end."""
+
+            def on_batch_end(self, batch, logs=None):
+                if batch + 1 < self.params["steps"]:
+                    super().on_batch_end(batch, logs)
+
+        callbacks.Commit = Commit
+    return callbacks
+
+
 def log_step(enabled, every, epoch, epochs, done, steps):
     """--log-steps: one line every `every` steps (done: steps done in epoch index `epoch`)."""
     if enabled and every and done % every == 0:

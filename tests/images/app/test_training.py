@@ -673,6 +673,8 @@ BAD_INPUTS = [
     ("mwms_keras_fit.py", "--resume", "", ["--resume needs --checkpoint-dir"]),
     ("mwms_keras_fit.py", "--collective nccl", "", ["needs GPUs", "--collective ring"]),
     ("launch_local_mwms.py", "-n 2 -- tfhpc-train-mwms-fitt", "", ["no such command: tfhpc-train-mwms-fitt"]),
+    ("hvd_keras_fit.py", "--elastic", "", ["--elastic needs horovodrun's elastic mode", "--host-discovery-script"]),
+    ("hvd_custom_loop.py", "--elastic", "", ["--elastic needs horovodrun's elastic mode", "--min-np"]),
     ("hvd_custom_loop.py", "--profile-steps 5", "", ["--profile-steps '5'", "A,B", "1 <= A <= B"]),
     ("mwms_custom_loop.py", "--profile-steps 4,2 --log-dir /tmp/tfhpc-no-logs", "", ["--profile-steps '4,2'"]),
     ("hvd_keras_fit.py", "--profile-steps 2,3", "", ["--profile-steps needs --log-dir"]),

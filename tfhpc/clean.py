@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import docker.errors
 
@@ -28,10 +29,9 @@ def remove_test_containers() -> int:
     return removed
 
 
-def clean(remove_images: bool = False) -> None:
+def clean(remove_images: bool = False, build: Path = REPO_ROOT / "build") -> None:
     engine = client()
     leftovers = remove_test_containers()  # of a killed test run
-    build = REPO_ROOT / "build"
     for partial in [*build.glob("*/.build-*"), *build.glob("*/.convert-*"), *build.glob(".push-*")]:
         shutil.rmtree(partial, ignore_errors=True)  # temporary directories of interrupted SIF builds and pushes
     in_use = []

@@ -88,7 +88,7 @@ def test_proxy_variables_are_forwarded_by_name_only():
     assert build.proxy_build_args({}) == []
 
 
-def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch):
+def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch, tmp_path):
     import docker.errors
 
     class Container:
@@ -116,8 +116,11 @@ def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch):
 
     monkeypatch.setattr(clean, "client", Engine)
     monkeypatch.setattr(clean, "remove_test_containers", lambda: 0)
+    interrupted = tmp_path / "sif" / ".convert-x"  # an interrupted conversion's scratch directory
+    interrupted.mkdir(parents=True)
     with pytest.raises(UserError, match=r"used by containers \(forgotten_run\): `docker rm` them"):
-        clean.clean(remove_images=True)
+        clean.clean(remove_images=True, build=tmp_path)  # never the real build/: a conversion may be running
+    assert not interrupted.exists()
 
 
 def test_clean_removes_what_the_tests_label():

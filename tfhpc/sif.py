@@ -61,8 +61,21 @@ def _definition_digest(config: Config, layer: str) -> str:
     return hashlib.sha256(render_definition(config, layer, "docker-archive").encode()).hexdigest()
 
 
-def _up_to_date(target: Path, image_id: str, definition_digest: str) -> bool:
-    """The SIF exists, is the one recorded (same sha256), and was made from this image id and this definition."""
+SQUASHFS_COMPRESSORS = ("gzip", "lz4", "lzo", "xz", "zstd")  # what mksquashfs -comp takes
+
+
+def squashfs_compression(manifest: Manifest) -> str:
+    """versions.toml [sif] squashfs_compression, checked."""
+    compression = manifest.data["sif"].get("squashfs_compression", "gzip")
+    if compression not in SQUASHFS_COMPRESSORS:
+        raise UserError(f"{manifest.path}: [sif] squashfs_compression = {compression!r} is not one of "
+                        f"{', '.join(SQUASHFS_COMPRESSORS)}: choose one (gzip mounts everywhere)")
+    return compression
+
+
+def _up_to_date(target: Path, image_id: str, definition_digest: str, compression: str) -> bool:
+    """The SIF exists, is the one recorded (same sha256), and was made from this image id, this definition and this
+    squashfs compression."""
     if not target.is_file():
         return False
     try:
@@ -70,7 +83,8 @@ def _up_to_date(target: Path, image_id: str, definition_digest: str) -> bool:
     except (FileNotFoundError, KeyError, ValueError):
         return False
     return (record.get("image_id") == image_id and record.get("size_bytes") == target.stat().st_size
-            and record.get("definition_sha256") == definition_digest and record.get("sha256") == sha256_file(target))
+            and record.get("definition_sha256") == definition_digest and record.get("sha256") == sha256_file(target)
+            and record.get("squashfs_compression", "gzip") == compression)
 
 
 def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: Path | None,
@@ -91,7 +105,8 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     target = sif_path(config, layer)
     image_id = client().images.get(image).id
     definition_digest = _definition_digest(config, layer)
-    if sign_key is None and _up_to_date(target, image_id, definition_digest):
+    compression = squashfs_compression(manifest)
+    if sign_key is None and _up_to_date(target, image_id, definition_digest, compression):
         log(f"{target} is up to date with {image} ({image_id[:19]})")
         if subject_sha256(statement_path(target.name)) == sha256_file(target):
             return target  # its statement too, signed or not as `make sif` left it
@@ -109,7 +124,7 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         for readable in (archive, definition):
             readable.chmod(0o644)
         partial = workdir / "image.sif"
-        runtime.build(partial, definition, workdir)
+        runtime.build(partial, definition, workdir, ["--mksquashfs-args", f"-comp {compression}"])
         archive.unlink()
         if sign_key is not None:
             shutil.copy(sign_key, workdir / "sign-key.pem")
@@ -120,7 +135,8 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     seconds = round(time.monotonic() - started, 1)
     update_images_json(f"sif:{target.name}", {
         "path": str(target.relative_to(REPO_ROOT)), "image": image, "image_id": image_id,
-        "definition_sha256": definition_digest, "size_bytes": target.stat().st_size,
+        "definition_sha256": definition_digest, "squashfs_compression": compression,
+        "size_bytes": target.stat().st_size,
         "sha256": sha256_file(target), "signed": sign_key is not None, "conversion_seconds": seconds,
         "docker_image_size_bytes": client().images.get(image).attrs["Size"]})
     log(f"wrote {target} ({target.stat().st_size / 1e9:.2f} GB) in {seconds} s")

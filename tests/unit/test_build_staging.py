@@ -129,3 +129,13 @@ def test_clean_removes_what_the_tests_label():
                "tests/runtimes/runtime_helpers.py": clean.TEST_LABELS[2]}
     for path, label in sources.items():
         assert f'"{label}"' in (REPO_ROOT / path).read_text(), f"{path} does not label its containers {label}"
+
+
+def test_the_sif_compression_comes_from_versions_toml_and_is_checked():
+    from tfhpc.manifest import Manifest
+    from tfhpc.sif import squashfs_compression
+    manifest = Manifest()
+    assert squashfs_compression(manifest) == manifest.data["sif"]["squashfs_compression"] == "zstd"
+    manifest.data["sif"]["squashfs_compression"] = "bzip2"
+    with pytest.raises(UserError, match=r"squashfs_compression = 'bzip2' is not one of gzip, lz4, lzo, xz, zstd"):
+        squashfs_compression(manifest)

@@ -93,3 +93,13 @@ def test_shellcheck_catches_a_bad_script(tmp_path):
     bad.write_text("#!/bin/sh\nrm -rf $1/*\n")
     done = subprocess.run([shellcheck(), str(bad)], capture_output=True, text=True)
     assert done.returncode != 0 and "SC2086" in done.stdout
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (no packages under tests/), so two test_x.py in different directories
+    stop the whole collection, which a run of one directory does not show."""
+    seen = {}
+    for path in tracked_files():
+        if path.suffix == ".py" and path.name.startswith("test_") and REPO_ROOT / "tests" in path.parents:
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO_ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

@@ -1,6 +1,8 @@
 """The benchmark's arithmetic and parsing (tfhpc/bench/stats.py, run.py's pure parts, report.py): no docker."""
 import json
 import math
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -298,3 +300,23 @@ def test_horovod_timeline_phases_per_size():
     # the timeline as a killed job leaves it: an open array, cut inside the last event
     text = json.dumps(events)[:-1] + ',\n{"ph": "B", "name": "NEGO'
     assert stats.load_trace(text) == events
+
+
+def test_rank_outputs_reads_every_rank_in_order(tmp_path):
+    for rank, text in ((1, 'RESULT {"rank": 1}\n'), (0, 'RESULT {"rank": 0}\n')):
+        (tmp_path / "1" / f"rank.{rank}").mkdir(parents=True)
+        (tmp_path / "1" / f"rank.{rank}" / "stdout").write_text(text)
+    (tmp_path / "1" / "rank.1" / "stderr").write_text("a warning\n")
+    output = run.rank_outputs(tmp_path, 2)
+    assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]
+    assert output.index('"rank": 0') < output.index('"rank": 1') < output.index("a warning")
+    with pytest.raises(RuntimeError, match="rank.2"):
+        run.rank_outputs(tmp_path, 3)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no host mpirun")
+def test_host_mpirun_returns_each_ranks_lines_whole():
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    code = "import os, json; print('RESULT ' + json.dumps({'rank': int(os.environ['OMPI_COMM_WORLD_RANK']), 'x': 'y' * 5000}))"
+    output = run.host_mpirun(2, f"{sys.executable} -c {shlex.quote(code)}", env)
+    assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]

@@ -161,6 +161,26 @@ def host_run(command: list[str] | str, env: dict | None = None, timeout: float =
     return text
 
 
+def host_mpirun(ranks: int, command: str, env: dict) -> str:
+    """The host's Open MPI mpirun with each rank's output in its own file (--output-filename), returned rank by rank:
+    through mpirun's merged stdout two ranks' long RESULT lines arrived interleaved mid-line now and then."""
+    with tempfile.TemporaryDirectory(prefix="tfhpc-bench-ranks-") as directory:
+        host_run(f"mpirun --output-filename {directory} -np {ranks} {command}", env)
+        return rank_outputs(Path(directory), ranks)
+
+
+def rank_outputs(directory: Path, ranks: int) -> str:
+    """Open MPI's --output-filename layout, <directory>/1/rank.<n>/{stdout,stderr}: every rank's stdout then its
+    stderr, in rank order; a rank without its files raises."""
+    parts = []
+    for rank in range(ranks):
+        files = [directory / "1" / f"rank.{rank}" / stream for stream in ("stdout", "stderr")]
+        if not files[0].is_file():
+            raise RuntimeError(f"mpirun --output-filename left no {files[0]}")
+        parts += [f.read_text(errors="replace") for f in files if f.is_file()]
+    return "\n".join(parts)
+
+
 def _attempt(ctx: Context, ids: list[tuple[str, str, str, str]], work) -> None:
     """Run `work()`; if it fails, every figure it should have produced is reported not measured, with the error."""
     try:
@@ -338,7 +358,9 @@ def bench_horovod_phases(ctx: Context, app: AppContainer) -> None:
 # 1a. The MPI's allreduce algorithms in the SIF: which one the image's defaults should pick
 
 # name -> environment that forces it; "default" is the MPI's own choice. Open MPI 4.1 coll_tuned's algorithm ids
-# (ompi/mca/coll/tuned/coll_tuned_allreduce_decision.c); MPICH 4's MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM values.
+# (ompi/mca/coll/tuned/coll_tuned_allreduce_decision.c); MPICH 4.0's MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM values
+# (`mpivars`: auto, nb, smp, recursive_doubling, reduce_scatter_allgather; an unknown one aborts MPI_Init).
+# tests/images/mpi/test_mpi.py checks both lists against the image's MPI.
 COLL_ALGORITHMS = {
     "openmpi": {"default": {}, **{name: {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
                                          "OMPI_MCA_coll_tuned_allreduce_algorithm": str(number)}
@@ -346,7 +368,7 @@ COLL_ALGORITHMS = {
                                                                  "recursive_doubling", "ring", "segmented_ring",
                                                                  "rabenseifner"), start=1)}},
     "mpich": {"default": {}, **{name: {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name}
-                                for name in ("recursive_doubling", "reduce_scatter_allgather", "ring")}},
+                                for name in ("recursive_doubling", "reduce_scatter_allgather", "nb")}},
 }
 COLL_SIZES = (1 << 10, 1 * MB, 64 * MB)
 
@@ -510,8 +532,8 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
     runs = {
         "container.hvd1": lambda: app.run(f"mpirun -np 1 tfhpc-benchmark-hvd {args}"),
         "container.hvd2": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}"),
-        "host.hvd1": lambda: host_run(f"mpirun -np 1 python {script} --mode horovod {args}", host_env),
-        "host.hvd2": lambda: host_run(f"mpirun -np 2 python {script} --mode horovod {args}", host_env),
+        "host.hvd1": lambda: host_mpirun(1, f"python {script} --mode horovod {args}", host_env),
+        "host.hvd2": lambda: host_mpirun(2, f"python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
         "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
         "container.hvd2_glibc": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}", env={"LD_PRELOAD": ""}),

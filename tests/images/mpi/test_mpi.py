@@ -37,3 +37,25 @@ def test_two_rank_mpi4py_allreduce(host, image_layer):
         assert report["size"] == 2
         assert report["sum"] == sum(range(1000)) * 3
         assert report["last"] == 999 * 3
+
+
+def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
+    """`make bench` forces each allreduce algorithm by name (tfhpc/bench/run.py COLL_ALGORITHMS): every name must be
+    one the image's MPI lists, or the run aborts at MPI_Init (MPICH) or measures the default under a wrong label."""
+    from tfhpc.bench.run import COLL_ALGORITHMS
+    forced = [name for name in COLL_ALGORITHMS[CONFIG.mpi] if name != "default"]
+    if CONFIG.mpi == "openmpi":
+        listed = host.check_output("ompi_info --param coll tuned --level 9")
+        valid = re.search(r'coll_tuned_allreduce_algorithm".*?Valid values: ([^\n]*)', listed, re.S).group(1)
+        numbered = dict(re.findall(r'(\d+):"(\w+)"', valid))
+        for name, env in COLL_ALGORITHMS["openmpi"].items():
+            if name != "default":
+                assert numbered[env["OMPI_MCA_coll_tuned_allreduce_algorithm"]] == name
+    else:
+        listed = host.check_output("mpivars")
+        line = next(l for l in listed.splitlines() if "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=" in l)
+        # "...auto - Internal ...nb - Force nonblocking algorithmsmp - Force smp algorithm...": mpivars runs the
+        # choices together, so each name follows "algorithm", ")" or a blank
+        assert forced
+        for name in forced:
+            assert re.search(rf"(?:algorithm|[\s)]){name}\s+- Force", line), (name, line)

@@ -302,21 +302,36 @@ def test_horovod_timeline_phases_per_size():
     assert stats.load_trace(text) == events
 
 
-def test_rank_outputs_reads_every_rank_in_order(tmp_path):
-    for rank, text in ((1, 'RESULT {"rank": 1}\n'), (0, 'RESULT {"rank": 0}\n')):
-        (tmp_path / "1" / f"rank.{rank}").mkdir(parents=True)
-        (tmp_path / "1" / f"rank.{rank}" / "stdout").write_text(text)
-    (tmp_path / "1" / "rank.1" / "stderr").write_text("a warning\n")
-    output = run.rank_outputs(tmp_path, 2)
+@pytest.mark.parametrize("mpi", sorted(run.RANK_OUTPUT))
+def test_rank_outputs_reads_every_rank_in_order(tmp_path, mpi):
+    layout = run.RANK_OUTPUT[mpi][1]
+    for rank, stream, text in ((1, "stdout", 'RESULT {"rank": 1}\n'), (0, "stdout", 'RESULT {"rank": 0}\n'),
+                               (1, "stderr", "a warning\n")):
+        path = tmp_path / layout.format(rank=rank, stream=stream)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    output = run.rank_outputs(tmp_path, 2, mpi)
     assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]
     assert output.index('"rank": 0') < output.index('"rank": 1') < output.index("a warning")
     with pytest.raises(RuntimeError, match="rank.2"):
-        run.rank_outputs(tmp_path, 3)
+        run.rank_outputs(tmp_path, 3, mpi)
+    assert "a warning" in run.rank_outputs(tmp_path, 3, mpi, partial=True)
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no host mpirun")
+HOST_OPEN_MPI = bool(shutil.which("mpirun")) and "Open MPI" in subprocess.run(
+    ["mpirun", "--version"], capture_output=True, text=True).stdout
+ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+@pytest.mark.skipif(not HOST_OPEN_MPI, reason="no host Open MPI mpirun")
 def test_host_mpirun_returns_each_ranks_lines_whole():
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     code = "import os, json; print('RESULT ' + json.dumps({'rank': int(os.environ['OMPI_COMM_WORLD_RANK']), 'x': 'y' * 5000}))"
-    output = run.host_mpirun(2, f"{sys.executable} -c {shlex.quote(code)}", env)
+    output = run.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)
     assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]
+
+
+@pytest.mark.skipif(not HOST_OPEN_MPI, reason="no host Open MPI mpirun")
+def test_host_mpirun_failure_carries_the_ranks_output():
+    code = "import sys; print('rank says why', file=sys.stderr); sys.exit(3)"
+    with pytest.raises(RuntimeError, match="rank says why"):
+        run.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)

@@ -161,22 +161,37 @@ def host_run(command: list[str] | str, env: dict | None = None, timeout: float =
     return text
 
 
-def host_mpirun(ranks: int, command: str, env: dict) -> str:
-    """The host's Open MPI mpirun with each rank's output in its own file (--output-filename), returned rank by rank:
-    through mpirun's merged stdout two ranks' long RESULT lines arrived interleaved mid-line now and then."""
+# The host launcher's option that writes each rank's output to its own files, and where rank <n>'s stdout lands
+# ("{stream}" is stdout or stderr): Open MPI's --output-filename, MPICH's hydra -outfile-pattern/-errfile-pattern.
+RANK_OUTPUT = {
+    "openmpi": ("--output-filename {dir}", "1/rank.{rank}/{stream}"),
+    "mpich": ("-outfile-pattern {dir}/rank.%r.stdout -errfile-pattern {dir}/rank.%r.stderr", "rank.{rank}.{stream}"),
+}
+
+
+def host_mpirun(mpi: str, ranks: int, command: str, env: dict) -> str:
+    """The host's mpirun with each rank's output in its own files, returned rank by rank: through mpirun's merged
+    stdout two ranks' long RESULT lines arrived interleaved mid-line now and then. A failed run raises with the
+    ranks' output (hydra writes it to the files only)."""
+    option, _layout = RANK_OUTPUT[mpi]
     with tempfile.TemporaryDirectory(prefix="tfhpc-bench-ranks-") as directory:
-        host_run(f"mpirun --output-filename {directory} -np {ranks} {command}", env)
-        return rank_outputs(Path(directory), ranks)
+        try:
+            host_run(f"mpirun {option.format(dir=directory)} -np {ranks} {command}", env)
+        except RuntimeError as error:
+            output = rank_outputs(Path(directory), ranks, mpi, partial=True)
+            raise RuntimeError(f"{error}\nthe ranks' output: {output[-1500:]}") from None
+        return rank_outputs(Path(directory), ranks, mpi)
 
 
-def rank_outputs(directory: Path, ranks: int) -> str:
-    """Open MPI's --output-filename layout, <directory>/1/rank.<n>/{stdout,stderr}: every rank's stdout then its
-    stderr, in rank order; a rank without its files raises."""
+def rank_outputs(directory: Path, ranks: int, mpi: str, partial: bool = False) -> str:
+    """Every rank's stdout then its stderr, in rank order, from the files RANK_OUTPUT[mpi] names under `directory`;
+    a rank without its stdout file raises (unless `partial`: after a failed run)."""
+    layout = RANK_OUTPUT[mpi][1]
     parts = []
     for rank in range(ranks):
-        files = [directory / "1" / f"rank.{rank}" / stream for stream in ("stdout", "stderr")]
-        if not files[0].is_file():
-            raise RuntimeError(f"mpirun --output-filename left no {files[0]}")
+        files = [directory / layout.format(rank=rank, stream=stream) for stream in ("stdout", "stderr")]
+        if not files[0].is_file() and not partial:
+            raise RuntimeError(f"mpirun left no {files[0]} (its per-rank output)")
         parts += [f.read_text(errors="replace") for f in files if f.is_file()]
     return "\n".join(parts)
 
@@ -532,8 +547,8 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
     runs = {
         "container.hvd1": lambda: app.run(f"mpirun -np 1 tfhpc-benchmark-hvd {args}"),
         "container.hvd2": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}"),
-        "host.hvd1": lambda: host_mpirun(1, f"python {script} --mode horovod {args}", host_env),
-        "host.hvd2": lambda: host_mpirun(2, f"python {script} --mode horovod {args}", host_env),
+        "host.hvd1": lambda: host_mpirun(ctx.config.mpi, 1, f"python {script} --mode horovod {args}", host_env),
+        "host.hvd2": lambda: host_mpirun(ctx.config.mpi, 2, f"python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
         "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
         "container.hvd2_glibc": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}", env={"LD_PRELOAD": ""}),

@@ -48,7 +48,7 @@ def helper_image_name(manifest: Manifest, config: Config) -> str:
 
 def build_helper_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
     """The helper image, built once per apptainer version and OS (BuildKit's cache does the rest)."""
-    from .build import build_image
+    from .imagebuild import build_image
     from .rootimage import resolve_root
     args = {"APPTAINER_PACKAGE_VERSION": manifest.data["sif"]["apptainer_package_version"],
             "OUTER_OPENMPI_VERSION": config.os["mpi"]["openmpi"]["package_version"]}

@@ -19,12 +19,12 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
-from .build import build_layer, record_sbom_and_provenance
+from .attest import record_layers
+from .imagebuild import build_layer
 from .common import REPO_ROOT, UserError, log, resolve_ca_bundle
 from .dockerhost import client
 from .lock import check_locks
 from .manifest import Config, Manifest
-from .provenance import probe_image, update_images_json
 from .rootimage import resolve_root
 
 CI_DIR = REPO_ROOT / "ci"
@@ -63,9 +63,7 @@ def build_one_layer(manifest: Manifest, config: Config, layer: str, base_source:
         parent = resolve_root(config, base_source)
     bundle = resolve_ca_bundle(ca_bundle)
     image = build_layer(config, layer, parent, bundle, None)
-    update_images_json(image, probe_image(config, image))
-    record_sbom_and_provenance(config, {layer: parent if parent_layer else None},
-                               None if parent_layer else parent, bundle, None)
+    record_layers(config, {layer: parent if parent_layer else None}, None if parent_layer else parent, bundle, None)
     log(f"built {image} on {parent}")
     return image
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import docker.errors
 
+from . import cache
 from .common import REPO_ROOT, UserError, log
 from .dockerhost import client
 from .manifest import IMAGE_PREFIX
@@ -46,10 +47,11 @@ def clean(remove_images: bool = False, build: Path = REPO_ROOT / "build") -> Non
                             raise
                         in_use.append(tag)
     pruned = engine.images.prune(filters={"dangling": True})
-    cache = engine.api.prune_builds()
+    dropped = cache.prune({image.id for image in engine.images.list(all=True)})
+    build_cache = engine.api.prune_builds()
     log(f"removed {leftovers} leftover test containers, "
-        f"{len(pruned.get('ImagesDeleted') or [])} dangling images, "
-        f"{(cache.get('SpaceReclaimed') or 0) / 1e9:.2f} GB of build cache")
+        f"{len(pruned.get('ImagesDeleted') or [])} dangling images, {dropped} cache entries of removed images, "
+        f"{(build_cache.get('SpaceReclaimed') or 0) / 1e9:.2f} GB of build cache")
     if in_use:
         users = sorted(c.name for c in engine.containers.list(all=True) if c.attrs["Config"]["Image"] in in_use)
         raise UserError(f"{len(in_use)} tfhpc images are still used by containers ({', '.join(users) or 'unknown'}): "

@@ -268,7 +268,7 @@ def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_ind
     """Build each of `layers` twice with --no-cache on the stack's existing parent image, compare, write the report.
     Returns the report (report_json)."""
     import docker.errors
-    from .build import build_image, layer_inputs
+    from .imagebuild import build_image, layer_inputs
     from .dockerhost import client
     engine = client()
     for layer in layers:

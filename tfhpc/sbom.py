@@ -12,9 +12,9 @@ import tarfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from .build import build_image
-from .common import REPO_ROOT, UserError, log, source_epoch, write_atomically
+from .common import REPO_ROOT, UserError, write_atomically
 from .dockerhost import client
+from .imagebuild import build_image
 from .manifest import IMAGE_PREFIX, Config
 
 SBOM_DIR = REPO_ROOT / "build" / "sbom"
@@ -66,21 +66,23 @@ def tools_volume(config: Config, ca_bundle: Path | None, pip_index_url: str | No
         volume.remove(force=True)
 
 
-def generate(config: Config, image: str, volume: str) -> bytes:
-    """The SBOM of `image`, made inside it with the tools on `volume`."""
+def generate(config: Config, image: str, volume: str, epoch: int) -> bytes:
+    """The SBOM of `image`, made inside it with the tools on `volume`, timestamped `epoch`."""
     command = [f"{TOOLS_DIR}/bin/python", f"{TOOLS_DIR}/tfhpc-sbom", "--image", image,
-               "--source-epoch", str(source_epoch()), "--horovod-patches", " ".join(config.horovod_patches)]
+               "--source-epoch", str(epoch), "--horovod-patches", " ".join(config.horovod_patches)]
     return client().containers.run(image, command, entrypoint=[], remove=True, stdout=True, stderr=False,
                                    volumes={volume: {"bind": TOOLS_DIR, "mode": "ro"}})
 
 
-def write_sboms(config: Config, images: list[str], ca_bundle: Path | None, pip_index_url: str | None) -> list[Path]:
-    """build/sbom/<image>.cdx.json for each of `images` (stack names of built layers)."""
-    leaf = config.image(config.layers.leaf)
-    written = [write_atomically(sbom_path(leaf), read_image_file(leaf, IMAGE_SBOM))] if leaf in images else []
-    lower = [image for image in images if image != leaf]
-    if lower:
-        with tools_volume(config, ca_bundle, pip_index_url) as volume:
-            written += [write_atomically(sbom_path(image), generate(config, image, volume)) for image in lower]
-    log(f"SBOMs: {', '.join(str(path.relative_to(REPO_ROOT)) for path in written)}")
-    return written
+def leaf_sbom(image: str) -> Path:
+    """build/sbom/<image>.cdx.json of the leaf image: the SBOM its last RUN wrote into it."""
+    return write_atomically(sbom_path(image), read_image_file(image, IMAGE_SBOM))
+
+
+def generate_sboms(config: Config, epochs: dict[str, int], ca_bundle: Path | None,
+                   pip_index_url: str | None) -> list[Path]:
+    """build/sbom/<image>.cdx.json for each image of `epochs` (image -> the SBOM's timestamp), generated with one
+    tools volume for all."""
+    with tools_volume(config, ca_bundle, pip_index_url) as volume:
+        return [write_atomically(sbom_path(image), generate(config, image, volume, epoch))
+                for image, epoch in epochs.items()]

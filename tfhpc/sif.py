@@ -14,6 +14,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from . import cache
 from .apptainer import Apptainer, scratch_dir
 from .common import REPO_ROOT, UserError, log, sha256_file
 from .dockerhost import client
@@ -111,6 +112,10 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         if subject_sha256(statement_path(target.name)) == sha256_file(target):
             return target  # its statement too, signed or not as `make sif` left it
         return write_provenance(config, target, image, None)
+    entry = cache.key("sif", image_id, definition=definition_digest, compression=compression)
+    if sign_key is None and restore_from_cache(entry, target, image):
+        log(f"{target} taken from the machine's cache ({cache.cache_root()}): converted before from {image_id[:19]}")
+        return write_provenance(config, target, image, None)
     runtime = Apptainer.for_config(manifest, config, base_source, ca_bundle)
     log(f"converting {image} with {runtime.describe()}")
     started = time.monotonic()
@@ -133,14 +138,35 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
         os.replace(definition, target.with_suffix(".def"))  # same file system: each file appears whole or not at all
         os.replace(partial, target)
     seconds = round(time.monotonic() - started, 1)
-    update_images_json(f"sif:{target.name}", {
-        "path": str(target.relative_to(REPO_ROOT)), "image": image, "image_id": image_id,
-        "definition_sha256": definition_digest, "squashfs_compression": compression,
-        "size_bytes": target.stat().st_size,
-        "sha256": sha256_file(target), "signed": sign_key is not None, "conversion_seconds": seconds,
-        "docker_image_size_bytes": client().images.get(image).attrs["Size"]})
+    record = {"image_id": image_id, "definition_sha256": definition_digest, "squashfs_compression": compression,
+              "size_bytes": target.stat().st_size, "sha256": sha256_file(target), "signed": sign_key is not None,
+              "conversion_seconds": seconds, "docker_image_size_bytes": client().images.get(image).attrs["Size"]}
+    update_images_json(f"sif:{target.name}", {"path": str(target.relative_to(REPO_ROOT)), "image": image, **record})
+    if sign_key is None:  # a signed SIF carries this checkout's key: it is not for other checkouts
+        with scratch_dir(SIF_DIR, ".convert-") as workdir:
+            (workdir / "record.json").write_text(json.dumps(record))
+            cache.store(entry, image_id, {"image.sif": target, "image.def": target.with_suffix(".def"),
+                                          "record.json": workdir / "record.json"})
     log(f"wrote {target} ({target.stat().st_size / 1e9:.2f} GB) in {seconds} s")
     return write_provenance(config, target, image, sign_key)
+
+
+def restore_from_cache(entry: str, target: Path, image: str) -> bool:
+    """Place the SIF (and its definition) that the machine's cache holds under `entry` at `target` and record it;
+    False when the cache has no such entry. The record is checked against the file, as _up_to_date does."""
+    with scratch_dir(SIF_DIR, ".convert-") as workdir:
+        if not cache.fetch(entry, {"record.json": workdir / "record.json"}):
+            return False
+        record = json.loads((workdir / "record.json").read_text())
+        if not cache.fetch(entry, {"image.sif": workdir / "image.sif", "image.def": workdir / "image.def"}):
+            return False
+        if sha256_file(workdir / "image.sif") != record["sha256"]:
+            log(f"cache: {entry} does not match its record; converting again")
+            return False
+        os.replace(workdir / "image.def", target.with_suffix(".def"))
+        os.replace(workdir / "image.sif", target)
+    update_images_json(f"sif:{target.name}", {"path": str(target.relative_to(REPO_ROOT)), "image": image, **record})
+    return True
 
 
 def write_provenance(config: Config, sif: Path, image: str, sign_key: Path | None) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 from .common import REPO_ROOT, UserError, git_head, git_revision, sha256_file, write_atomically
 from .dockerhost import client
 from .manifest import MANIFEST_PATH, Config
-from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
+from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE, file_name
 
 PROVENANCE_DIR = REPO_ROOT / "build" / "provenance"
 LOCKS_DIR = REPO_ROOT / "locks"
@@ -87,7 +87,6 @@ def subject_sha256(path: Path) -> str:
 
 def recorded_root(config: Config) -> dict:
     """The root image material of the first layer's statement, when that statement is of the current image."""
-    from .sbom import file_name
     first = config.image(config.layers.names[0])
     path = statement_path(file_name(first))
     if subject_sha256(path) != _hex(client().images.get(first).id):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from tfhpc.apptainer import HELPER_HOST_CONFIG
-from tfhpc.build import build_image
+from tfhpc.imagebuild import build_image
 from tfhpc.common import REPO_ROOT, UserError
 from tfhpc.dockerhost import client
 from tfhpc.manifest import Config, Manifest

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import CONFIG
 from tfhpc import UserError
-from tfhpc.build import build_image
+from tfhpc.imagebuild import build_image
 from tfhpc.common import default_ca_bundle, resolve_ca_bundle
 from tfhpc.lock import lock_dir, locked_packages
 

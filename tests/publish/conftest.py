@@ -10,7 +10,7 @@ import pytest
 import requests
 
 
-from tfhpc.build import build_image
+from tfhpc.imagebuild import build_image
 from tfhpc.common import default_ca_bundle, resolve_ca_bundle
 from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
 

@@ -3,7 +3,7 @@
 real builds are tested in tests/images (tests/images/test_build_safety.py for a failing build)."""
 import pytest
 
-from tfhpc import REPO_ROOT, UserError, build, clean
+from tfhpc import REPO_ROOT, UserError, build, cache, clean, imagebuild
 from tfhpc.manifest import Manifest
 
 
@@ -41,10 +41,8 @@ def stack(monkeypatch):
     monkeypatch.setattr(build, "client", lambda: engine)
     monkeypatch.setattr(build, "resolve_root", lambda config, source: "root")
     monkeypatch.setattr(build, "resolve_ca_bundle", lambda value: None)
-    monkeypatch.setattr(build, "probe_image", lambda config, image: {"layer": image, "size_bytes": 1})
-    monkeypatch.setattr(build, "update_images_json", lambda image, record: None)
     monkeypatch.setattr(build, "record_build_benchmark", lambda *args: None)
-    monkeypatch.setattr(build, "record_sbom_and_provenance", lambda *args: None)
+    monkeypatch.setattr(build, "record_layers", lambda *args: [])
     return config, engine, old
 
 
@@ -82,10 +80,10 @@ def test_success_moves_every_tag_and_builds_each_layer_on_the_new_parent(stack, 
 
 
 def test_proxy_variables_are_forwarded_by_name_only():
-    args = build.proxy_build_args({"https_proxy": "http://user:secret@proxy:3128", "NO_PROXY": "localhost",
+    args = imagebuild.proxy_build_args({"https_proxy": "http://user:secret@proxy:3128", "NO_PROXY": "localhost",
                                    "http_proxy": "", "PATH": "/bin"})
     assert args == ["--build-arg", "https_proxy", "--build-arg", "NO_PROXY"]  # the value stays in the environment
-    assert build.proxy_build_args({}) == []
+    assert imagebuild.proxy_build_args({}) == []
 
 
 def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch, tmp_path):
@@ -96,11 +94,12 @@ def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch, tmp_path
             self.name, self.attrs = name, {"Config": {"Image": image}}
 
     class Image:
+        id = "sha256:kept"
         tags = ["tfhpc-app:latest-cpu-openmpi"]
 
     class Engine:
         class images:
-            list = staticmethod(lambda: [Image()])
+            list = staticmethod(lambda all=False: [Image()])
             prune = staticmethod(lambda filters: {})
 
             @staticmethod
@@ -118,9 +117,16 @@ def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch, tmp_path
     monkeypatch.setattr(clean, "remove_test_containers", lambda: 0)
     interrupted = tmp_path / "sif" / ".convert-x"  # an interrupted conversion's scratch directory
     interrupted.mkdir(parents=True)
+    machine_cache = tmp_path / "cache"  # never the real one either
+    monkeypatch.setenv("TFHPC_CACHE", str(machine_cache))
+    record = tmp_path / "record.json"
+    record.write_text("{}")
+    for image_id in ("sha256:kept", "sha256:removed"):
+        cache.store(f"probe-{image_id[7:]}", image_id, {"record.json": record})
     with pytest.raises(UserError, match=r"used by containers \(forgotten_run\): `docker rm` them"):
         clean.clean(remove_images=True, build=tmp_path)  # never the real build/: a conversion may be running
     assert not interrupted.exists()
+    assert [path.name for path in machine_cache.iterdir()] == ["probe-kept"]  # the entries of removed images go
 
 
 def test_clean_removes_what_the_tests_label():

@@ -120,7 +120,7 @@ def test_out_of_date_lock_stops_make_image_before_any_build(tmp_path, monkeypatc
 
     def no_build(*args, **kwargs):
         raise AssertionError("nothing may be built with an out-of-date lock")
-    for name in ("client", "build_cli", "resolve_root", "build_layer"):
+    for name in ("client", "resolve_root", "build_layer"):
         monkeypatch.setattr(build, name, no_build)
     with pytest.raises(UserError) as error:
         build.build_stack(edited, "app", "auto", "none")

@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from tfhpc import repro
-from tfhpc.build import layer_inputs, layer_sources
+from tfhpc.imagebuild import layer_inputs, layer_sources
 from tfhpc.manifest import Manifest
 
 

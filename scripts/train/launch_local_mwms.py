@@ -17,8 +17,9 @@ import sys
 import threading
 import time
 
-from tfhpc_runtime.cli import PREFIX, Parser, fail
+from tfhpc_runtime.cli import Parser
 from tfhpc_runtime.cluster import free_ports
+from tfhpc_runtime.errors import PREFIX, fail
 
 
 def main():

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from tfhpc_runtime.cli import Parser, fail
+from tfhpc_runtime.cli import Parser
 from tfhpc_runtime.cluster import ipv4_address, slurm_port_base
+from tfhpc_runtime.errors import fail
 
 RENDEZVOUS_OFFSET = 31  # the last port of the job's block (MWMS workers use the first ones)
 

@@ -26,7 +26,8 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from tfhpc_runtime.cli import UsageError, report
+from tfhpc_runtime.cli import report
+from tfhpc_runtime.errors import UsageError
 from tfhpc_runtime.gpu import choose_device, select_gpu
 from tfhpc_runtime.metrics import algorithm_bandwidth, bus_bandwidth, parse_bytes
 

@@ -27,15 +27,17 @@ import numpy as np
 
 from tfhpc_runtime.callbacks import ProfileWindow, log_step
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
-from tfhpc_runtime.cli import Parser, add_training_args, check_training_args, fail, launch_size, log, report
+from tfhpc_runtime.cli import Parser, log, report
 from tfhpc_runtime.data import load_data, per_replica_batch, steps_per_epoch, train_dataset
 from tfhpc_runtime.elastic import (Timeline, add_elastic_args, check_elastic_args, resume_step,
                                    run_training)
+from tfhpc_runtime.errors import fail, launch_size
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
+from tfhpc_runtime.trainflags import add_training_args, check_training_args
 
 
 def main():

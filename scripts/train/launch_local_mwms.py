@@ -7,8 +7,12 @@ the next collective forever).
     python launch_local_mwms.py -n 2 python mwms_keras_fit.py --epochs 2
     python launch_local_mwms.py -n 2 tfhpc-train-mwms-fit --epochs 2      # in the app image
 
+Everything from the worker command on belongs to the workers, as with mpirun and horovodrun: the launcher's own
+options come before it, and a `--` before the command is accepted but not needed.
+
 For several nodes, set TF_CONFIG on each node yourself (see mwms_keras_fit.py --help) or use srun.
 """
+import argparse
 import json
 import os
 import shutil
@@ -17,17 +21,29 @@ import sys
 import threading
 import time
 
-from tfhpc_runtime.cli import PREFIX, Parser, fail
+from tfhpc_runtime.cli import Parser
 from tfhpc_runtime.cluster import free_ports
+from tfhpc_runtime.errors import PREFIX, fail
 
 
-def main():
+def parse_args(argv=None):
+    """The launcher's options, then the worker command with all its options, which the launcher never reads."""
     parser = Parser(__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--workers", type=int, default=2, help="number of worker processes")
     parser.add_argument("--host", default="localhost", help="address the workers listen on")
     parser.add_argument("--timeout", type=float, default=0, help="stop all workers after this many seconds (0 = never)")
-    parser.add_argument("command", nargs="+", help="the worker command (put -- before it if it has options)")
-    args = parser.parse_args()
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                        help="the worker command and its options, e.g. tfhpc-train-mwms-fit --epochs 2")
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:  # the form that was once needed; Python versions differ in whether they drop it
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("give the worker command, e.g. tfhpc-train-mwms-fit --epochs 2")
+    return args
+
+
+def main():
+    args = parse_args()
     if args.workers < 1:
         fail(f"--workers must be at least 1, got {args.workers}")
     if "TF_CONFIG" in os.environ:

@@ -27,15 +27,16 @@ import time
 from tfhpc_runtime.backup import Backup
 from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
-from tfhpc_runtime.cli import (Parser, add_backup_args, add_training_args, check_training_args, fail, log, parse_epochs,
-                              report)
+from tfhpc_runtime.cli import Parser, log, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies, sum_over_workers
 from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch, steps_per_epoch, test_dataset,
                                 train_dataset)
+from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
+from tfhpc_runtime.trainflags import add_backup_args, add_training_args, check_training_args, parse_epochs
 
 
 def main():

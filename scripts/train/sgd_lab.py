@@ -24,10 +24,11 @@ import sys
 
 import numpy as np
 
-from tfhpc_runtime.cli import LR_SCALING, Parser, fail, report
+from tfhpc_runtime.cli import Parser, report
+from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import atomic_write_bytes
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import scaled_lr
+from tfhpc_runtime.model import LR_SCALING, scaled_lr
 from tfhpc_runtime.plot import colors, draw
 
 MIN_WIDTH, MIN_HEIGHT = 640, 400  # PNG size in pixels below which the figure's text is too small to read

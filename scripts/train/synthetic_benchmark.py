@@ -23,8 +23,9 @@ import time
 
 import numpy as np
 
-from tfhpc_runtime.cli import Parser, fail, report
+from tfhpc_runtime.cli import Parser, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
+from tfhpc_runtime.errors import fail
 from tfhpc_runtime.gpu import pin_gpu
 from tfhpc_runtime.metrics import configure_threads, default_threads, throughput_summary
 

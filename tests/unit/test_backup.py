@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from tfhpc_runtime.backup import RECORD, Backup
-from tfhpc_runtime.cli import Parser, add_backup_args, add_training_args, check_training_args
+from tfhpc_runtime.cli import Parser
+from tfhpc_runtime.trainflags import add_backup_args, add_training_args, check_training_args
 
 STEPS = 46
 

@@ -13,8 +13,9 @@ import pytest
 
 from tfhpc import REPO_ROOT
 from tfhpc_runtime.checkpoints import Checkpoints
-from tfhpc_runtime.cli import Parser, add_training_args
+from tfhpc_runtime.cli import Parser
 from tfhpc_runtime.preemption import SAVED_AND_STOPPED, StopOnSignal
+from tfhpc_runtime.trainflags import add_training_args
 
 STEPS = 46  # steps per epoch of the runs below
 

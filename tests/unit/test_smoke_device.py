@@ -2,7 +2,7 @@
 scripts/smoke/ uses), on the host: the GPU path's logic is tested here up to the point where a GPU would be touched."""
 import pytest
 
-from tfhpc_runtime.cli import UsageError
+from tfhpc_runtime.errors import UsageError
 from tfhpc_runtime.gpu import DeviceError, choose_device
 from tfhpc_runtime.metrics import algorithm_bandwidth, bus_bandwidth, parse_bytes
 

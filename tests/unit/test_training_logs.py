@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from tfhpc_runtime.callbacks import ProfileWindow
-from tfhpc_runtime.cli import parse_profile_steps
+from tfhpc_runtime.trainflags import parse_profile_steps
 
 
 @pytest.mark.parametrize("text, steps", [(None, None), ("5,8", (5, 8)), ("1,1", (1, 1)), (" 2, 3", (2, 3))])

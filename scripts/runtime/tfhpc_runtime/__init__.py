@@ -1,6 +1,8 @@
 """tfhpc_runtime: what the shipped scripts share, one module per job.
 
-    cli          argument parsing, one-line errors (fail), RESULT lines (report), the training flags
+    errors       one-line errors (fail, UsageError) printed by rank 0; imports nothing of the package
+    cli          argument parsing with one-line errors, RESULT lines (report), progress lines (log)
+    trainflags   the flags every training entrypoint shares and their checks before TensorFlow starts
     data         data sets that need no download, batch and step arithmetic, the tf.data pipelines
     model        the models, optimizers, learning-rate scaling, Horovod evaluation
     callbacks    Keras callbacks (learning-rate log and decay, per-epoch checkpoints, TensorBoard and the profiler),

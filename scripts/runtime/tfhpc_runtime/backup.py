@@ -19,7 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .cli import fail
+from .errors import fail
 from .files import atomic_write_bytes
 
 RECORD = "tfhpc-backup.json"

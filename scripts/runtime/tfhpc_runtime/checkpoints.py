@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cli import fail
+from .errors import fail
 from .files import UMASK, atomic_write_bytes
 
 

@@ -12,7 +12,7 @@ import os
 import socket
 import struct
 
-from .cli import fail
+from .errors import fail
 from .gpu import detect_gpus_per_node
 
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "grpc_proxy", "GRPC_PROXY",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import fail
+from .errors import fail
 
 DIGITS_FILE = Path(os.environ.get("TFHPC_DATA", "/opt/tfhpc/data")) / "digits.csv.gz"
 DIGITS_TRAIN = 1437  # scikit-learn's digits: 1797 samples, 80 % for training

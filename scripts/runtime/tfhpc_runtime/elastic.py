@@ -14,7 +14,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .cli import fail
+from .errors import fail
 
 ELASTIC_COMMAND = ("horovodrun --min-np 2 --max-np 4 --host-discovery-script tfhpc-slurm-hosts "
                    "[--blacklist-cooldown-range 30 300] COMMAND --elastic")

@@ -28,7 +28,7 @@ def atomic_write_bytes(path, data):
 
 def save_weights_npz(path, model):
     """--weights-out: every weight of the model, named by position and name, in one .npz."""
-    import numpy as np
+    import numpy as np  # here: the doctor imports this module and must start without numpy
     buffer = io.BytesIO()
     np.savez(buffer, **{f"{i:03d}:{w.name}": w.numpy() for i, w in enumerate(model.weights)})
     atomic_write_bytes(path, buffer.getvalue())

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from .cli import UsageError, fail
+from .errors import UsageError, fail
 
 
 class DeviceError(UsageError):

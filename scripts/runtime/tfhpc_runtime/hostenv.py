@@ -31,6 +31,7 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
    starts hung with UCX, 5 of 5 started with OFI. Its PMI-2 wire protocol (MPIR_CVAR_PMI_VERSION=2) failed in
    MPIR_pmi_init. MPI libraries without that variable (Intel MPI, Cray MPICH, Open MPI) ignore it.
 """
+import glob
 import hashlib
 import os
 import tempfile
@@ -67,7 +68,6 @@ class HostMPIError(Exception):
 def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS, environ=os.environ):
     """'mpich' or 'openmpi': which MPI the image's bindings link (TFHPC_MPI, which the mpi layer sets, else the
     library the image carries), or None."""
-    import glob
     if environ.get("TFHPC_MPI") in IMAGE_SONAMES:
         return environ["TFHPC_MPI"]
     for family in ("mpich", "openmpi"):

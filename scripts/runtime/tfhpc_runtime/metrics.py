@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from .cli import UsageError
+from .errors import UsageError
 
 
 def default_threads():

@@ -4,8 +4,10 @@ import math
 
 import numpy as np
 
-from .cli import LR_SCALING, fail
 from .data import IMAGE_SHAPE, NUM_CLASSES, test_dataset
+from .errors import fail
+
+LR_SCALING = ("linear", "sqrt", "none")  # --lr-scaling; scaled_lr applies them
 
 
 def scaled_lr(lr, replicas, scaling):

@@ -7,6 +7,8 @@ matplotlib is imported when a figure is drawn, not with this module: the lab che
 """
 import io
 
+import numpy as np
+
 LAYOUT_INCHES = (12, 7)  # the figure is laid out at least this large, then rendered at width x height pixels
 # Line style per kind of setting (sgd_lab.py's "kind"): the 1-worker runs and Horovod solid, Horovod thicker; the
 # runs without averaged gradients dotted (own start) or dashed (broadcast start).
@@ -16,8 +18,8 @@ STYLES = {"1-worker": ("-", 1.4), "horovod": ("-", 3.0), "before-horovod": (":",
 def colors(count):
     """One distinct colour per setting, as "#rrggbb": matplotlib's "tab10" cycle, or evenly spaced hues of its "hsv"
     map when there are more than 10 settings."""
-    from matplotlib import colormaps
-    from matplotlib.colors import to_hex
+    from matplotlib import colormaps  # here: the lab checks its arguments before matplotlib loads
+    from matplotlib.colors import to_hex  # here: the lab checks its arguments before matplotlib loads
     if count <= 10:
         return [to_hex(colormaps["tab10"](index)) for index in range(count)]
     return [to_hex(colormaps["hsv"](index / count)) for index in range(count)]
@@ -32,9 +34,9 @@ def loss_grid(x, y, m, n):
 def draw(settings, solution, x, y, start, title, width, height):
     """(PNG bytes, SVG bytes) of the lab's figure, width x height pixels. settings: dicts with "label", "kind",
     "color" and "points" [(m, n, loss), ...]; solution: the least-squares (m, n); start: the common initial (m, n)."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import matplotlib  # here: the lab checks its arguments before matplotlib loads
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: the lab checks its arguments before matplotlib loads
+    from matplotlib.figure import Figure  # here: the lab checks its arguments before matplotlib loads
 
     # A Figure without pyplot: no GUI backend and no global state; its canvas is Agg (PNG), and savefig switches to
     # the SVG backend for the SVG (matplotlib's "Embedding in a web application server" pattern). The resolution
@@ -81,7 +83,6 @@ def draw(settings, solution, x, y, start, title, width, height):
 
     png, svg = io.BytesIO(), io.BytesIO()
     figure.savefig(png, format="png", dpi=dpi)
-    import matplotlib
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "tfhpc"}):  # text as <text>; stable ids
         figure.savefig(svg, format="svg", metadata={"Date": None})
     return png.getvalue(), svg.getvalue()

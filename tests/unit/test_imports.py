@@ -15,7 +15,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # package name -> the directory its import root is (where `import NAME` finds it)
 PACKAGES = {"tfhpc": REPO, "tfhpc_runtime": REPO / "scripts" / "runtime"}
-KNOWN_CIRCLE = {"tfhpc.build", "tfhpc.sbom", "tfhpc.slsa"}
 
 
 def modules(package):
@@ -73,19 +72,10 @@ def describe(found):
     return "\n".join(" -> ".join(circle) for circle in found)
 
 
-@pytest.mark.parametrize("package", [
-    "tfhpc_runtime",
-    pytest.param("tfhpc", marks=pytest.mark.xfail(strict=True, reason="build.py <-> sbom.py/slsa.py: being split")),
-])
+@pytest.mark.parametrize("package", ["tfhpc_runtime", "tfhpc"])
 def test_no_import_circle(package):
     found = circles(graph(package))
     assert not found, f"import circles in {package}:\n{describe(found)}"
-
-
-def test_no_import_circle_in_tfhpc_besides_the_known_one():
-    """While build.py <-> sbom.py/slsa.py is being split, no other circle may appear in tfhpc."""
-    found = [circle for circle in circles(graph("tfhpc")) if not set(circle) <= KNOWN_CIRCLE]
-    assert not found, f"import circles in tfhpc:\n{describe(found)}"
 
 
 def function_imports(package):

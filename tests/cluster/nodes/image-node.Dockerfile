@@ -1,6 +1,6 @@
 # Test infrastructure, never shipped: a node of the multi-node harness (tests/cluster) made from the app image plus an
 # ssh server, so that mpirun and horovodrun start remote ranks the way they do on a cluster without a scheduler.
-# Host keys and user keys are made when a node starts and per run (tfhpc/cluster.py); none is in this image.
+# Host keys and user keys are made when a node starts and per run (tests/cluster/harness.py); none is in this image.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root

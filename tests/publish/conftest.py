@@ -12,7 +12,7 @@ import requests
 
 from tfhpc.build import build_image
 from tfhpc.common import default_ca_bundle, resolve_ca_bundle
-from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from support.stack import CONFIG
 
 MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
                             "application/vnd.oci.image.manifest.v1+json",
@@ -105,12 +105,6 @@ http:
         yield Registry(address, container)
     finally:
         container.remove(force=True)
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    from tfhpc.dockerhost import client
-    return client()
 
 
 @pytest.fixture(scope="session")

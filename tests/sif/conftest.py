@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 
-from stack import CONFIG, LEAF, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.apptainer import helper_image_name, start_helper
 from tfhpc.sif import SIF_DIR, sif_path
 

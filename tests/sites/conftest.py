@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from site_helpers import CONFIG, LEAF, MANIFEST, MPICH_CONFIG, OPENMPI_CONFIG
-from site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from site_helpers import MPICH_CONFIG, OPENMPI_CONFIG
+from support.site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.apptainer import helper_image_name, start_helper
 from tfhpc.sif import SIF_DIR, sif_path
 

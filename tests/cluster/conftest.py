@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 
-from support.ch_images import directory_image
 from harness import Cluster, image_node_image, slurm_node_image
+from support.ch_images import directory_image
+from support.markers import mark_directory
 from support.site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc.apptainer import build_helper_image
 from tfhpc.common import resolve_ca_bundle
-from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc.sif import SIF_DIR, sif_path
 
 CA_BUNDLE = resolve_ca_bundle(os.environ.get("CA_BUNDLE") or os.environ.get("PIP_CERT") or
@@ -30,10 +31,7 @@ CLUSTERS = []
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.cluster)
+    mark_directory(items, __file__, pytest.mark.cluster)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 
+from support.markers import mark_directory
 from support.results import results
 from support.stack import CONFIG, MANIFEST, REPO_ROOT
 
@@ -17,10 +18,7 @@ SCRIPTS = "/opt/tfhpc/scripts"
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.image)
+    mark_directory(items, __file__, pytest.mark.image)
 
 
 def pytest_generate_tests(metafunc):

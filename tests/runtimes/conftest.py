@@ -19,17 +19,14 @@ import pytest
 
 from runtime_helpers import LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in, user_environment
 from support.ch_images import directory_image
+from support.markers import mark_directory
 from support.stack import CONFIG, LEAF, MANIFEST
 
 PURE_MODULES = {"test_edf.py", "test_job_scripts.py"}  # no docker, no image: not marked `image`
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        path = Path(item.fspath)
-        if here in path.parents and path.name not in PURE_MODULES:
-            item.add_marker(pytest.mark.image)
+    mark_directory(items, __file__, pytest.mark.image, except_modules=PURE_MODULES)
 
 
 def _alive(pid):

@@ -1,25 +1,29 @@
-"""Shared fixtures: the manifest and the stack configuration selected by STACK/FLAVOR/MPI (as `make test` exports)."""
-import os
-import sys
+"""Fixtures every test directory shares. The configuration `make test` selected (STACK/FLAVOR/MPI) lives once, in
+support/stack.py, as constants (skip marks and parametrisations need it at import time); `manifest` and `config` only
+hand those same objects to the tests that take them as arguments. The docker client is one per session, for every
+directory whose tests talk to the engine (images, publish, runtimes)."""
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-from tfhpc.manifest import Manifest  # noqa: E402
+from support.stack import CONFIG, MANIFEST
 
 
 @pytest.fixture(scope="session")
 def manifest():
-    return Manifest()
+    return MANIFEST
 
 
 @pytest.fixture(scope="session")
-def config(manifest):
-    return manifest.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                           os.environ.get("MPI") or None)
+def config():
+    return CONFIG
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    # Imported here: the docker SDK is needed only by the tests that use the engine, not to collect or run tests/unit.
+    from tfhpc.dockerhost import client
+    return client()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -2,7 +2,7 @@
 
 `image_cluster`: 2 nodes of the app image (+ sshd): mpirun/horovodrun across nodes, MWMS with TF_CONFIG.
 `slurm_cluster`: slurmctld + 2 slurmd nodes that run the SIF with apptainer, as a site does; jobs are the shipped
-Slurm scripts (scripts/slurm/). build/sif is /sif, the site MPIs (tests/site_mpi.py) are /opt/site-mpi and the app
+Slurm scripts (scripts/slurm/). build/sif is /sif, the site MPIs (tests/support/site_mpi.py) are /opt/site-mpi and the app
 image as a Charliecloud directory image is /ch/app on every node. Clusters are removed after the module, also when a test fails; a failing test's
 output ends with every node's log (the `cluster_report` hook below).
 """
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 
-from ch_images import directory_image
 from harness import Cluster, image_node_image, slurm_node_image
-from site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from support.ch_images import directory_image
+from support.markers import mark_directory
+from support.site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc.apptainer import build_helper_image
 from tfhpc.common import resolve_ca_bundle
-from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
 from tfhpc.sif import SIF_DIR, sif_path
 
 CA_BUNDLE = resolve_ca_bundle(os.environ.get("CA_BUNDLE") or os.environ.get("PIP_CERT") or
@@ -30,10 +31,7 @@ CLUSTERS = []
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.cluster)
+    mark_directory(items, __file__, pytest.mark.cluster)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -71,7 +69,7 @@ def sif():
 
 @pytest.fixture(scope="module")
 def ch_directory_image(tmp_path_factory):
-    """The app image as a Charliecloud directory image (tests/ch_images.py, as tests/runtimes makes it), for
+    """The app image as a Charliecloud directory image (tests/support/ch_images.py, as tests/runtimes makes it), for
     `srun ... ch-run` on the Slurm nodes."""
     from tfhpc.dockerhost import client
     work = tmp_path_factory.mktemp("charliecloud")

@@ -15,8 +15,10 @@ import time
 
 import pytest
 
-from conftest import CA_BUNDLE, CLUSTERS, CONFIG, started
+from conftest import CA_BUNDLE, CLUSTERS, started
 from harness import Cluster, image_node_image
+from support.results import results
+from support.stack import CONFIG
 
 NODES = ["node1", "node2", "node3"]
 LOST = "node3"  # never node1: horovodrun's driver runs there
@@ -32,11 +34,6 @@ COOLDOWN = "10 20"
 SECONDS_BEFORE_KILL = 10  # of 3-rank steps after the first epoch's checkpoint: the throughput before the loss
 CHECKPOINTS = "/home/tfhpc/elastic-ckpt"
 SECONDS_DOWN = 25
-
-
-def results(output):
-    found = [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
-    return sorted(found, key=lambda r: r["rank"])
 
 
 @pytest.fixture(scope="module")

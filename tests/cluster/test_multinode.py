@@ -12,15 +12,10 @@ import time
 
 import pytest
 
-from conftest import CONFIG
+from support.results import results
+from support.stack import CONFIG
 
 HOSTS = "node1:1,node2:1"
-
-
-def results(output):
-    """RESULT lines (launchers may prefix them with the rank), sorted by rank."""
-    found = [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
-    return sorted(found, key=lambda r: r["rank"])
 
 
 @pytest.mark.parametrize("transport", ["", "--gloo"])

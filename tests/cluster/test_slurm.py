@@ -8,14 +8,10 @@ import shlex
 import pytest
 
 from conftest import NODES
-from site_mpi import in_containers, install_site_mpi
-from stack import CONFIG, LEAF, MANIFEST
+from support.results import results
+from support.site_mpi import in_containers, install_site_mpi
+from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.sif import sif_path
-
-
-def results(output):
-    found = [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
-    return sorted(found, key=lambda r: r["rank"])
 
 
 def sbatch(cluster, sif, script, arguments="", options="", timeout=900, environment=""):

@@ -4,35 +4,27 @@ image built on top of it (containers/layers.toml), so what holds for `mpi` is ch
 Each test module gets one container per image (started with the docker SDK, always removed) and a testinfra host on
 it. Images below the app layer get the repository's scripts/ mounted read-only where the app layer ships them.
 """
-import json
 import shlex
 from pathlib import Path
 
 import pytest
 
 
-from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from support.markers import mark_directory
+from support.results import results
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 
 SCRIPTS = "/opt/tfhpc/scripts"
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.image)
+    mark_directory(items, __file__, pytest.mark.image)
 
 
 def pytest_generate_tests(metafunc):
     if "image_layer" in metafunc.fixturenames:
         layer = Path(metafunc.definition.fspath).parent.name  # tests/images/<layer>/test_*.py
         metafunc.parametrize("image_layer", MANIFEST.layers.descendants(layer), scope="module")
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    from tfhpc.dockerhost import client
-    return client()
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +84,7 @@ def run_ranks(host, command, ranks=2, output_dir=None):
     stdout = result.stdout
     if output_dir:
         stdout = host.run(f"find {shlex.quote(output_dir)} -name stdout -path '*rank.*' -exec cat {{}} +").stdout
-    # horovodrun/mpirun may prefix each line with the rank ("[1,0]<stdout>:"): take what follows "RESULT ".
-    lines = [line.partition("RESULT ")[2] for line in stdout.splitlines() if "RESULT {" in line]
-    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{stdout}"
-    return reports
+    return results(stdout, ranks)
 
 
 def script(relative_path):

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from conftest import CONFIG
+from support.stack import CONFIG
 from tfhpc import UserError
 from tfhpc.imagebuild import build_image
 from tfhpc.common import default_ca_bundle, resolve_ca_bundle

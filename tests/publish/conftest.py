@@ -10,9 +10,10 @@ import pytest
 import requests
 
 
+from support.markers import mark_directory
+from support.stack import CONFIG
 from tfhpc.imagebuild import build_image
 from tfhpc.common import default_ca_bundle, resolve_ca_bundle
-from stack import CONFIG, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
 
 MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
                             "application/vnd.oci.image.manifest.v1+json",
@@ -21,11 +22,7 @@ MANIFEST_TYPES = ", ".join(["application/vnd.docker.distribution.manifest.v2+jso
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.image)
-            item.add_marker(pytest.mark.sif)
+    mark_directory(items, __file__, pytest.mark.image, pytest.mark.sif)
 
 
 def free_port() -> int:
@@ -105,12 +102,6 @@ http:
         yield Registry(address, container)
     finally:
         container.remove(force=True)
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    from tfhpc.dockerhost import client
-    return client()
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from attestations import materials, schema_errors
-from conftest import CONFIG, MANIFEST, REPO_ROOT, free_port
+from conftest import free_port
+from support.attestations import materials, schema_errors
+from support.collectives import check_collectives
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc import UserError, publish, slsa
 from tfhpc.apptainer import Apptainer
 from tfhpc.manifest import IMAGE_PREFIX
@@ -164,13 +166,7 @@ def test_pulled_image_is_the_built_one_and_passes_the_smoke_test(published, regi
                         "--dtypes", "float32,int32"], entrypoint=[], remove=True, stdout=True, stderr=True).decode()
     finally:
         docker_client.images.remove(reference, noprune=True)
-    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
-    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == [0, 1], output
-    for report in reports:
-        assert report["size"] == 2 and report["failures"] == []
-        assert report["allreduce"]["sum/float32/4096"] == float(sum(i % 7 for i in range(4096)) * 2 * 3)
-        assert report["broadcast"]["values"] == [2.0] * 5
+    check_collectives(output)
 
 
 def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(published, registry, keys,

@@ -17,19 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from ch_images import directory_image
-from runtime_helpers import (CONFIG, LABEL, LEAF, MANIFEST, SESSION, WORK_ROOT, label, podman_base, podman_runroot,
-                             run_in, user_environment)
+from runtime_helpers import LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in, user_environment
+from support.ch_images import directory_image
+from support.markers import mark_directory
+from support.stack import CONFIG, LEAF, MANIFEST
 
 PURE_MODULES = {"test_edf.py", "test_job_scripts.py"}  # no docker, no image: not marked `image`
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        path = Path(item.fspath)
-        if here in path.parents and path.name not in PURE_MODULES:
-            item.add_marker(pytest.mark.image)
+    mark_directory(items, __file__, pytest.mark.image, except_modules=PURE_MODULES)
 
 
 def _alive(pid):
@@ -51,12 +48,6 @@ def _remove_podman_store(store):
 def _remove_session_dir(path):
     _remove_podman_store(path / "podman")
     shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    from tfhpc.dockerhost import client
-    return client()
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +88,7 @@ def require(*tools, package):
 
 @pytest.fixture(scope="session")
 def ch_image(docker_client, app_image, work_dir):
-    """Directory image for ch-run (tests/ch_images.py), converted as the unprivileged user who runs it."""
+    """Directory image for ch-run (tests/support/ch_images.py), converted as the unprivileged user who runs it."""
     target = work_dir / "charliecloud" / "app"
     target.parent.mkdir()
     return directory_image(docker_client, app_image, work_dir, target, labels=label("export"),

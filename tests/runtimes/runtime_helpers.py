@@ -1,12 +1,11 @@
-"""What the runtime tests share: the configuration, the unprivileged user, the labels, the smoke test's command and the
-check of its values (derived here, independently of scripts/smoke/hvd_collectives.py)."""
-import json
+"""What the runtime tests share: the unprivileged user, the labels, the scratch directory and the smoke test's command
+(its values are checked by support.collectives)."""
 import os
 import resource
 from pathlib import Path
 
-
-from stack import CONFIG, LEAF, MANIFEST, REPO_ROOT, expected_collectives  # noqa: F401 (shared by the tests)
+from support.collectives import DTYPES, SIZES
+from support.stack import REPO_ROOT
 
 # Every container (docker, podman) a runtime test starts carries this label, valued "<pid of pytest>:<purpose>", so
 # that the leftovers of a killed run can be found (and are removed by the next run, conftest.py).
@@ -15,8 +14,6 @@ SESSION = str(os.getpid())
 WORK_ROOT = REPO_ROOT / "build" / "runtimes"  # session-<pid>/ below it: the tests' scratch, removed at the end
 USER_UID = 1000  # the image's user tfhpc; the tests run the runtimes as this uid when they run as root
 
-SIZES = (1, 4096)
-DTYPES = ("float32", "int32")
 SMOKE = ["mpirun", "-np", "2", "tfhpc-smoke-collectives", "--sizes", ",".join(map(str, SIZES)),
          "--dtypes", ",".join(DTYPES)]
 
@@ -41,27 +38,6 @@ def user_environment():
 
 def expected_uid():
     return USER_UID if os.geteuid() == 0 else os.getuid()
-
-
-def results(output, ranks=2):
-    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
-    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == list(range(ranks)), f"expected {ranks} ranks to report:\n{output[-3000:]}"
-    return reports
-
-
-def check_collectives(output, size=2):
-    """Every rank's values: exact sums and averages, broadcast from the last rank, uneven allgather in rank order."""
-    reports = results(output, size)
-    expected = expected_collectives(size, SIZES, DTYPES)
-    rows = [r for r in range(size) for _ in range(r + 1)]
-    for report in reports:
-        assert report["size"] == size and report["controller"] == "mpi", report
-        assert report["allreduce"] == expected
-        assert report["broadcast"] == {"root": size - 1, "values": [float(size)] * 5}
-        assert report["allgather"] == {"shape": [len(rows), 3], "first_column": rows}
-        assert report["failures"] == []
-    return reports
 
 
 def run_in(container, command, user="tfhpc", timeout=600):

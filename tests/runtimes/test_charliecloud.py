@@ -5,7 +5,8 @@ import os
 import shlex
 import subprocess
 
-from runtime_helpers import SMOKE, USER_UID, as_user, check_collectives, expected_uid, user_environment
+from runtime_helpers import SMOKE, USER_UID, as_user, expected_uid, user_environment
+from support.collectives import check_collectives
 
 
 def ch_run(image, command, set_env=True, timeout=300):
@@ -42,7 +43,7 @@ def test_set_env_gives_the_image_path_and_mpi_settings(ch_image, app_image):
 def test_two_ranks_with_the_images_mpirun(ch_image):
     done = ch_run(ch_image, SMOKE)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    check_collectives(done.stdout)
+    check_collectives(done.stdout, controller="mpi")
 
 
 def test_two_ranks_from_the_make_sqsh_squashfs(sqsh, work_dir):
@@ -65,4 +66,4 @@ def test_two_ranks_from_the_make_sqsh_squashfs(sqsh, work_dir):
                           env=user_environment())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == str(USER_UID)
-    check_collectives(done.stdout)
+    check_collectives(done.stdout, controller="mpi")

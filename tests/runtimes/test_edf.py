@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from runtime_helpers import MANIFEST, REPO_ROOT
+from support.stack import MANIFEST, REPO_ROOT
 from tfhpc import UserError
 from tfhpc.edf import write_edf
 from tfhpc.publish import version_tag

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from runtime_helpers import MANIFEST, REPO_ROOT
+from support.stack import MANIFEST, REPO_ROOT
 from tfhpc.edf import write_edf
 
 SLURM = REPO_ROOT / "scripts" / "slurm"

@@ -7,7 +7,8 @@ tfhpc cannot exist. The container processes still run as the image's unprivilege
 """
 import subprocess
 
-from runtime_helpers import SMOKE, check_collectives, podman_run_args
+from runtime_helpers import SMOKE, podman_run_args
+from support.collectives import check_collectives
 
 
 def podman_run(podman_image, command, timeout=300):
@@ -34,4 +35,4 @@ def test_runs_as_the_images_unprivileged_user(podman_image):
 def test_two_ranks_with_the_images_mpirun(podman_image):
     done = podman_run(podman_image, SMOKE)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    check_collectives(done.stdout)
+    check_collectives(done.stdout, controller="mpi")

@@ -10,7 +10,9 @@ import tarfile
 
 import pytest
 
-from runtime_helpers import CONFIG, SMOKE, USER_UID, check_collectives, label, run_in
+from runtime_helpers import SMOKE, USER_UID, label, run_in
+from support.collectives import check_collectives
+from support.stack import CONFIG
 
 ENROOT_WRITES = {"etc/rc", "etc/rc.local", "etc/fstab", "etc/environment"}
 
@@ -127,4 +129,4 @@ def test_two_ranks_in_the_mounted_squashfs(helper, mounted_sqsh, how, command):
     assert status == 0 and output.split()[-1] == str(USER_UID), output
     status, output = run_in(helper, chrooted(mounted_sqsh, f"{command} {shlex.join(SMOKE)}"), user="root")
     assert status == 0, output[-3000:]
-    check_collectives(output)
+    check_collectives(output, controller="mpi")

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from runtime_helpers import (CONFIG, LEAF, WORK_ROOT, as_user, label, podman_run_args, run_in,
-                             user_environment)
+from runtime_helpers import WORK_ROOT, as_user, label, podman_run_args, run_in, user_environment
+from support.stack import CONFIG, LEAF
 
 RUNS = 3
 CODE = "import tensorflow, horovod.tensorflow; print('imported')"

@@ -3,22 +3,16 @@
 Where the host has no apptainer, the tests run it in the SIF builder helper container (recipes/builder), started
 with FUSE and user-namespace permissions, the SIF directory mounted, commands run as the unprivileged user tfhpc.
 """
-from pathlib import Path
-
 import pytest
 
-
-from stack import CONFIG, LEAF, MANIFEST, REPO_ROOT  # noqa: F401 (the tests import them from here)
+from support.markers import mark_directory
+from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.apptainer import helper_image_name, start_helper
 from tfhpc.sif import SIF_DIR, sif_path
 
 
-
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.sif)
+    mark_directory(items, __file__, pytest.mark.sif)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 given --prefix /usr when started by absolute path): python3 there must still find the venv's packages."""
 import json
 
-from conftest import CONFIG
+from support.stack import CONFIG
 
 
 def test_python3_under_mpirun_in_the_sif_sees_the_venv(user_host, in_sif):

@@ -5,23 +5,10 @@ import shlex
 
 import pytest
 
-from conftest import CONFIG, REPO_ROOT
-from stack import SINGLE_COPY_ALLREDUCE
+from support.collectives import check_collectives
+from support.results import results
+from support.stack import CONFIG, REPO_ROOT, SINGLE_COPY_ALLREDUCE
 from tfhpc.manifest import upstream_version
-
-
-def results(output, ranks):
-    lines = [line.partition("RESULT ")[2] for line in output.splitlines() if "RESULT {" in line]
-    reports = sorted((json.loads(line) for line in lines), key=lambda r: r["rank"])
-    assert [r["rank"] for r in reports] == list(range(ranks)), output
-    return reports
-
-
-def check_collectives(reports, size=2):
-    for report in reports:
-        assert report["size"] == size and report["failures"] == []
-        assert report["allreduce"]["sum/float32/4096"] == float(sum(i % 7 for i in range(4096)) * size * (size + 1))
-        assert report["broadcast"]["values"] == [float(size)] * 5
 
 
 def test_runs_as_the_calling_non_root_user(user_host, in_sif):
@@ -47,7 +34,7 @@ def test_horovod_check_build(user_host, in_sif):
 def test_two_ranks_with_the_images_mpirun(user_host, in_sif):
     out = user_host.check_output(f"apptainer exec {in_sif} mpirun -np 2 tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
-    check_collectives(results(out, 2))
+    check_collectives(out, controller="mpi")
 
 
 def test_ranks_of_the_images_mpirun_copy_once_with_cma(user_host, in_sif):
@@ -64,13 +51,13 @@ def test_ranks_of_the_images_mpirun_copy_once_with_cma(user_host, in_sif):
 def test_two_ranks_over_gloo(user_host, in_sif):
     out = user_host.check_output(f"apptainer exec {in_sif} horovodrun -np 2 --gloo tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
-    check_collectives(results(out, 2))
+    check_collectives(out, controller="gloo")
 
 
 def test_apptainer_test_runs_the_smoke_test(user_host, in_sif):
     result = user_host.run(f"apptainer test {in_sif}")
     assert result.rc == 0, result.stderr[-2000:]
-    check_collectives(results(result.stdout, 2))
+    check_collectives(result.stdout, controller="gloo")  # recipes/app.def.in, %test: horovodrun --gloo
 
 
 def test_inspect_shows_component_versions(user_host, in_sif):
@@ -98,7 +85,7 @@ def test_every_app_runs(user_host, in_sif):
     assert re.search(rf"horovod\s+{re.escape(CONFIG.versions['horovod'])}", out)
     out = user_host.check_output(f"apptainer run --app smoke-collectives {in_sif} --min-ranks 1 --sizes 1,4096 "
                                  "--dtypes float32")
-    check_collectives(results(out, 1), size=1)
+    check_collectives(out, 1, dtypes=("float32",))
     out = user_host.check_output(f"apptainer run --app smoke-train {in_sif} --min-ranks 1 --epochs 3")
     report = results(out, 1)[0]
     assert report["losses"][-1] < 0.5 * report["losses"][0]
@@ -153,7 +140,7 @@ def test_nv_on_a_host_without_gpu_runs_the_cpu_path(user_host, in_sif):
     result = user_host.run(f"apptainer exec --nv {in_sif} mpirun -np 2 tfhpc-smoke-collectives "
                            "--sizes 1,4096 --dtypes float32,int32")
     assert result.rc == 0, result.stderr[-2000:]
-    check_collectives(results(result.stdout, 2))
+    check_collectives(result.stdout, controller="mpi")
     fallback = [line for line in (result.stdout + result.stderr).splitlines() if "no GPU visible" in line]
     assert len(fallback) == (1 if CONFIG.flavor == "gpu" else 0), fallback
     doctor = user_host.run(f"apptainer exec --nv {in_sif} tfhpc-doctor")
@@ -171,7 +158,7 @@ def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
     assert f"(Open MPI) {image_version}" in user_host.check_output("mpirun --version")
     out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
-    check_collectives(results(out, 2))
+    check_collectives(out, controller="mpi")
 
 
 @pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")

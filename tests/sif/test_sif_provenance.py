@@ -3,8 +3,8 @@ file as built, its materials the app image it was converted from and the definit
 import hashlib
 import json
 
-from attestations import materials
-from conftest import CONFIG, LEAF, REPO_ROOT
+from support.attestations import materials
+from support.stack import CONFIG, LEAF, REPO_ROOT
 from tfhpc.slsa import signature_path, statement_path
 
 

@@ -8,22 +8,19 @@
 Apptainer runs in the SIF builder helper container as the unprivileged user, the site MPIs and SIFs mounted read-only.
 """
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from site_helpers import CONFIG, LEAF, MANIFEST, MPICH_CONFIG, OPENMPI_CONFIG
-from site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from site_helpers import MPICH_CONFIG, OPENMPI_CONFIG
+from support.markers import mark_directory
+from support.site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
+from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.apptainer import helper_image_name, start_helper
 from tfhpc.sif import SIF_DIR, sif_path
 
 
 def pytest_collection_modifyitems(items):
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(item.fspath).parents:
-            item.add_marker(pytest.mark.image)
-            item.add_marker(pytest.mark.sif)
+    mark_directory(items, __file__, pytest.mark.image, pytest.mark.sif)
 
 
 @pytest.fixture(scope="session")

@@ -1,17 +1,12 @@
-"""What the site tests share: where the site MPIs are installed and mounted, the configurations, and the parsing of
-RESULT lines and doctor reports (tests/sites/conftest.py has the fixtures; docstring there)."""
+"""What the site tests share: the configurations of both MPI families and the parsing of doctor reports (RESULT lines:
+support.results; tests/sites/conftest.py has the fixtures; docstring there)."""
 import json
 
-from stack import CONFIG, MANIFEST
+from support.stack import CONFIG, MANIFEST
 
 MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
 OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
 LEAF = MANIFEST.layers.leaf
-
-
-def results(output):
-    """The JSON of every `RESULT {...}` line, in order."""
-    return [json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line]
 
 
 def doctor_reports(output):

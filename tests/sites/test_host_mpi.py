@@ -15,13 +15,14 @@ import subprocess
 
 import pytest
 
-from site_helpers import check, doctor_reports, results
-from site_mpi import MOUNT, SITE_MPI_DIR, in_containers
-from stack import expected_collectives
+from site_helpers import check, doctor_reports
+from support.collectives import check_collectives, smoke_arguments
+from support.results import results
+from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers
 
 HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
 SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
-SMOKE = f"tfhpc-smoke-collectives --sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}"
+SMOKE = f"tfhpc-smoke-collectives {smoke_arguments(SIZES, DTYPES)}"
 TRAIN = ("tfhpc-train-hvd-fit --epochs 2 --train-samples 1000 --test-samples 200 --model mlp --verbose 0 "
          "--intra-threads 1")
 
@@ -58,15 +59,6 @@ def check_host_library(output, prefix, banner):
         assert check(report, "launcher", "world size")["status"] == "ok"
 
 
-def check_collectives(output):
-    found = results(output)
-    assert len(found) == 2, output[-3000:]
-    expected = expected_collectives(2, SIZES, DTYPES)
-    for result in found:
-        assert result["size"] == 2 and not result["failures"], result
-        assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected
-
-
 def check_training(output):
     found = results(output)
     assert sorted(r["rank"] for r in found) == [0, 1], output[-3000:]
@@ -101,7 +93,7 @@ def test_horovod_collectives_are_exact_on_the_host_mpi(host_mpi, where, mpich_im
     else:
         rc, out = in_sif(helper, mpich_sif, prefix, SMOKE)
     assert rc == 0, out[-3000:]
-    check_collectives(out)
+    check_collectives(out, 2, SIZES, DTYPES, controller="mpi")
 
 
 def test_keras_training_on_the_host_mpi(host_mpi, mpich_image):
@@ -124,7 +116,7 @@ def test_a_host_libfabric_replaces_the_images(where, site_mpis, mpich_image, mpi
             rc, out = in_sif(helper, mpich_sif, prefix, command, environment=environment)
         assert rc == 0, out[-3000:]
         if checks == "collectives":
-            check_collectives(out)
+            check_collectives(out, 2, SIZES, DTYPES, controller="mpi")
             continue
         for report in doctor_reports(out).values():
             transport = check(report, "mpi", "transport")["detail"]

@@ -7,9 +7,10 @@ image's SIF (docs/sites.md, "Open MPI hybrid launch", has the matrix these tests
   and names both versions and the fixes. The host's Open MPI 5 in the image (TFHPC_HOST_MPI) runs mpi4py on 2 ranks.
 """
 
-from site_helpers import check, doctor_reports, results
-from site_mpi import MOUNT, in_containers
-from stack import expected_collectives
+from site_helpers import check, doctor_reports
+from support.collectives import check_collectives, smoke_arguments
+from support.results import results
+from support.site_mpi import MOUNT, in_containers
 
 SIZE = ("python3 -c 'import json; from mpi4py import MPI; c = MPI.COMM_WORLD; "
         "print(\"RESULT \" + json.dumps({\"rank\": c.rank, \"size\": c.size, "
@@ -17,21 +18,12 @@ SIZE = ("python3 -c 'import json; from mpi4py import MPI; c = MPI.COMM_WORLD; "
 SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
 
 
-def check_collectives(output, size):
-    found = results(output)
-    assert len(found) == size, output[-3000:]
-    expected = expected_collectives(size, SIZES, DTYPES)
-    for result in found:
-        assert result["size"] == size and not result["failures"], result
-        assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected
-
-
 def test_a_newer_open_mpi_4_1_mpirun_starts_the_images_ranks(helper, openmpi_sif, site_mpis):
     mpirun = f"{in_containers(site_mpis['openmpi_orte'])}/bin/mpirun"
     rc, out = helper(f"{mpirun} -np 2 apptainer exec {openmpi_sif} tfhpc-smoke-collectives "
-                     f"--sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}")
+                     f"{smoke_arguments(SIZES, DTYPES)}")
     assert rc == 0, out[-3000:]
-    check_collectives(out, 2)
+    check_collectives(out, 2, SIZES, DTYPES, controller="mpi")
 
 
 def test_a_host_opal_prefix_does_not_reach_the_images_open_mpi(helper, openmpi_sif):

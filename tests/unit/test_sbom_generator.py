@@ -5,8 +5,8 @@ import importlib.machinery
 import importlib.util
 import json
 
-from attestations import schema_errors
-from stack import REPO_ROOT
+from support.attestations import schema_errors
+from support.stack import REPO_ROOT
 
 loader = importlib.machinery.SourceFileLoader("tfhpc_sbom", str(REPO_ROOT / "containers" / "app" / "tfhpc-sbom"))
 spec = importlib.util.spec_from_loader("tfhpc_sbom", loader)

@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from attestations import materials
-from stack import CONFIG, REPO_ROOT
+from support.attestations import materials
+from support.stack import CONFIG, REPO_ROOT
 from tfhpc import UserError, slsa
 
 

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from conftest import CONFIG, MANIFEST, REPO_ROOT, run_ranks
+from conftest import run_ranks
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc.manifest import upstream_version
 
 

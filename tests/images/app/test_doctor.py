@@ -8,7 +8,7 @@ import shlex
 import jsonschema
 import pytest
 
-from conftest import CONFIG, REPO_ROOT
+from support.stack import CONFIG, REPO_ROOT
 
 SCHEMA = json.loads((REPO_ROOT / "scripts" / "doctor.schema.json").read_text())
 TWO_SLURM_TASKS = ("for i in 0 1; do SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=$i SLURM_LOCALID=$i "

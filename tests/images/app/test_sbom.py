@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from attestations import versions
-from conftest import CONFIG
+from support.attestations import versions
+from support.stack import CONFIG
 from tfhpc.manifest import upstream_version
 from tfhpc.provenance import IMAGES_JSON
 from tfhpc.sbom import IMAGE_SBOM, sbom_path

@@ -7,8 +7,9 @@ import shlex
 
 import pytest
 
-from conftest import CONFIG, run_ranks, start_container
-from stack import SINGLE_COPY_ALLREDUCE
+from conftest import run_ranks, start_container
+from support.stack import CONFIG
+from support.stack import SINGLE_COPY_ALLREDUCE
 
 COMMAND = f"mpirun -np 2 python3 -c {shlex.quote(SINGLE_COPY_ALLREDUCE)}"
 

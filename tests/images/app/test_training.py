@@ -31,7 +31,9 @@ import zlib
 
 import pytest
 
-from conftest import CONFIG, run_ranks, script
+from conftest import run_ranks, script
+from support.results import results
+from support.stack import CONFIG
 from tfhpc import REPO_ROOT
 
 ACCURACY = 0.85
@@ -340,9 +342,7 @@ def interrupted(host, script, log, command):
     the script's last line, the command's output and its RESULT reports sorted by rank."""
     outcome = host.check_output(f"bash -c {shlex.quote(script)} interrupt {log} {command}").split()
     output = host.file(log).content_string
-    reports = sorted((json.loads(line.partition("RESULT ")[2]) for line in output.splitlines() if "RESULT {" in line),
-                     key=lambda r: r["rank"])
-    return outcome, output, reports
+    return outcome, output, results(output)
 
 
 @pytest.mark.parametrize("name", list(ENTRYPOINTS))

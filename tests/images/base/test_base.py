@@ -1,7 +1,7 @@
 """Checks of the base layer, run on every image of the stack."""
 import re
 
-from conftest import CONFIG
+from support.stack import CONFIG
 
 
 def test_os_release_is_pinned(host, image_layer):

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIG
-
 PEM = re.compile(rb"-----BEGIN CERTIFICATE-----\s+(.+?)-----END CERTIFICATE-----", re.S)
 SECRET_WORDS = ("PIP_CERT", "PIP_INDEX_URL=", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CA_BUNDLE=",
                 "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "BEGIN CERTIFICATE")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from attestations import materials, schema_errors, versions
-from conftest import CONFIG, MANIFEST, REPO_ROOT
+from support.attestations import materials, schema_errors, versions
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc.provenance import IMAGES_JSON
 from tfhpc.sbom import file_name, sbom_path
 from tfhpc.slsa import statement_path

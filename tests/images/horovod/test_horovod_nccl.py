@@ -2,7 +2,7 @@
 every shared library resolvable without a driver except libcuda (which --nv or the NVIDIA runtime injects)."""
 import pytest
 
-from conftest import CONFIG
+from support.stack import CONFIG
 
 pytestmark = pytest.mark.skipif(CONFIG.flavor != "gpu", reason="GPU flavour only (run with FLAVOR=gpu)")
 

@@ -3,7 +3,7 @@ locked version, and the locks the layers installed from are in the image (/opt/t
 import json
 import re
 
-from conftest import CONFIG, REPO_ROOT
+from support.stack import CONFIG, REPO_ROOT
 
 IMAGE_LOCKS = "/opt/tfhpc/locks"
 # Not from a lock: pip (and setuptools until the tensorflow lock pins one) come with the venv from Debian's python3-venv,

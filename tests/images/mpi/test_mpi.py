@@ -1,7 +1,8 @@
 """Checks of the mpi layer, run on mpi and every image built on it."""
 import re
 
-from conftest import CONFIG, run_ranks
+from conftest import run_ranks
+from support.stack import CONFIG
 from tfhpc.manifest import upstream_version
 
 EXPECTED_MPI_VERSION = upstream_version(CONFIG.os["mpi"][CONFIG.mpi]["package_version"])

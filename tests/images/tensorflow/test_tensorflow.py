@@ -2,7 +2,7 @@
 import json
 import re
 
-from conftest import CONFIG
+from support.stack import CONFIG
 
 PROBE = ("import json, importlib, tensorflow as tf; m = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]); "
          "package = type(m).__module__.split('.')[0]; "

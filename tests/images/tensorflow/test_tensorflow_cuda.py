@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import CONFIG
+from support.stack import CONFIG
 
 pytestmark = pytest.mark.skipif(CONFIG.flavor != "gpu", reason="GPU flavour only (run with FLAVOR=gpu)")
 

@@ -1,11 +1,13 @@
 """What every test directory shares: the checkout, the manifest, the configuration `make test` selected (STACK, FLAVOR,
-MPI from the environment) and the values the collectives smoke test must report. tests/ is on sys.path (pytest puts
-the root conftest's directory there), so any test module or conftest can `from stack import CONFIG`."""
+MPI from the environment) and the values the collectives smoke test must report. This is the suite's one
+configuration: module-level constants, since skip marks and parametrisations need them at import time (the root
+conftest's `manifest` and `config` fixtures only hand these out). tests/ is on sys.path (pytest puts the root
+conftest's directory there), so any test module or conftest can `from support.stack import CONFIG`."""
 import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 

@@ -1,0 +1,59 @@
+"""The shared test helpers (tests/support/) on made-up launcher output: the image tests use them only where images
+exist, so a parser that stopped accepting a launcher's prefix, or a check that stopped checking, shows here first."""
+import json
+
+import pytest
+
+from support.collectives import check_collectives, smoke_arguments
+from support.count import checks_in
+from support.results import results
+from support.stack import expected_collectives
+
+
+def smoke_report(rank, size, sizes=(1, 4096), dtypes=("float32", "int32"), controller="mpi"):
+    """What scripts/smoke/hvd_collectives.py prints for a rank of a correct run."""
+    rows = [r for r in range(size) for _ in range(r + 1)]
+    return {"rank": rank, "size": size, "controller": controller, "failures": [],
+            "allreduce": expected_collectives(size, sizes, dtypes),
+            "broadcast": {"root": size - 1, "values": [float(size)] * 5},
+            "allgather": {"shape": [len(rows), 3], "first_column": rows}}
+
+
+def output(*reports, prefix=lambda rank: ""):
+    return "\n".join(["warming up"] + [f"{prefix(r['rank'])}RESULT {json.dumps(r)}" for r in reports] + ["done"])
+
+
+@pytest.mark.parametrize("prefix", [lambda rank: "", lambda rank: f"[1,{rank}]<stdout>:", lambda rank: f"{rank}: "],
+                         ids=["bare", "mpirun", "srun"])
+def test_results_takes_the_json_after_any_launcher_prefix_sorted_by_rank(prefix):
+    text = output({"rank": 1, "x": "RESULT [not this]"}, {"rank": 0, "x": 2}, prefix=prefix)
+    assert results(text, 2) == [{"rank": 0, "x": 2}, {"rank": 1, "x": "RESULT [not this]"}]
+
+
+@pytest.mark.parametrize("ranks_seen", [[0], [0, 1, 1], [1, 2]])
+def test_results_fails_on_a_missing_duplicated_or_wrong_rank(ranks_seen):
+    with pytest.raises(AssertionError, match="expected 2 ranks to report"):
+        results(output(*({"rank": r} for r in ranks_seen)), 2)
+
+
+def test_check_collectives_passes_a_correct_run_and_fails_every_wrong_value():
+    good = [smoke_report(r, 2) for r in range(2)]
+    assert check_collectives(output(*good), controller="mpi") == good
+    spoiled = [("size", 3), ("failures", ["allreduce sum float32 n=1 is not exact"]), ("controller", "gloo"),
+               ("allreduce", {**good[0]["allreduce"], "sum/float32/4096": 0.0}),
+               ("allreduce", {**good[0]["allreduce"], "sum/float16/1": 6.0}),  # a dtype the run was not given
+               ("broadcast", {"root": 0, "values": [2.0] * 5}), ("allgather", {"shape": [2, 3], "first_column": [0, 1]})]
+    for key, value in spoiled:
+        with pytest.raises(AssertionError):
+            check_collectives(output({**good[0], key: value}, good[1]), controller="mpi")
+
+
+def test_smoke_arguments_name_the_lengths_and_dtypes_checked():
+    assert smoke_arguments() == "--sizes 1,4096 --dtypes float32,int32"
+    assert smoke_arguments((1,), ("float16",)) == "--sizes 1 --dtypes float16"
+
+
+def test_the_check_count_sees_asserts_and_pytest_fail_and_raises_only():
+    source = ("import pytest\nassert 1\ndef f():\n    assert 2, 'x'\n    pytest.fail('no')\n"
+              "    with pytest.raises(ValueError):\n        pass\n    fail()\n    other.raises()\n")
+    assert checks_in(source) == 4

@@ -138,12 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             do_clean(remove_images=args.all)
             return 0
         if args.command == "recipes":
-            from .recipes import NATIVE_DIR, expected_files, write_all
+            from .recipes import check_committed, write_all
             if args.check:
-                stale = [str(path.relative_to(NATIVE_DIR)) for path, text in expected_files(manifest).items()
-                         if not path.is_file() or path.read_text() != text]
-                if stale:
-                    raise UserError(f"recipes/native is out of date ({', '.join(stale)}): run `make recipes`")
+                check_committed(manifest)
                 return 0
             for path in write_all(manifest):
                 print(path)
@@ -173,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(do_push(manifest, config, args.registry, key), indent=2))
             return 0
         if args.command == "ci-build-layer":
-            from .ci import build_one_layer
+            from .cilayer import build_one_layer
             print(build_one_layer(manifest, config, manifest.layers.get(args.layer).name, args.base_source,
                                   args.ca_bundle))
             return 0
@@ -190,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
             print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
         elif args.command == "native-sif":
-            from .recipes import build_native
+            from .nativesif import build_native
             for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle),
                                      args.pip_index_url):
                 print(path)

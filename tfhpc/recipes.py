@@ -47,8 +47,11 @@ import re
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from spython.main.parse.parsers import DockerParser
+
 from .common import REPO_ROOT, UserError
 from .manifest import Config, Manifest
+from .sif import render_definition
 
 NATIVE_DIR = REPO_ROOT / "recipes" / "native"
 ARGS_DIR = NATIVE_DIR / "args"
@@ -171,7 +174,6 @@ def split_stages(dockerfile: Path, build_args: Collection[str]) -> tuple[list[st
 
 def parse_stage(stage: Stage):
     """spython's recipe of one stage (its Dockerfile lines without FROM)."""
-    from spython.main.parse.parsers import DockerParser
     parser = DockerParser(None, load=False)
     parser.lines = [line + "\n" for line in stage.lines]
     return parser.parse()["spython-base"]
@@ -338,7 +340,6 @@ def render(manifest: Manifest, layer: str, root: str = "docker") -> str:
 def _interface_sections(manifest: Manifest, layer: str) -> str:
     """The leaf image's %help, %test and apps, taken from the definition `make sif` uses (recipes/app.def.in), so
     that a natively built SIF has the same interface as a converted one; TAG and COMPONENTS are build arguments."""
-    from .sif import render_definition
     texts = set()
     for config in configurations(manifest):
         keep, sections = False, []

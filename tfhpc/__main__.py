@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .common import UserError, default_ca_bundle, resolve_ca_bundle
 from .manifest import Manifest
@@ -128,28 +129,27 @@ def main(argv: list[str] | None = None) -> int:
     edf.add_argument("--output", default=None, help="file to write (default: build/edf/tfhpc-app_TAG.toml)")
 
     args = parser.parse_args(argv)
+    # Each command imports its own module when it runs (the "# lazy" imports below), so that one command does not
+    # import every other one's dependencies (docker, ruamel.yaml, spython, oras, cryptography, matplotlib).
     try:
         manifest = Manifest()
         if args.command == "layers":
             print(" ".join(manifest.layers.names))
             return 0
         if args.command == "clean":
-            from .clean import clean as do_clean
+            from .clean import clean as do_clean  # lazy: this command's module
             do_clean(remove_images=args.all)
             return 0
         if args.command == "recipes":
-            from .recipes import NATIVE_DIR, expected_files, write_all
+            from .recipes import check_committed, write_all  # lazy: this command's module
             if args.check:
-                stale = [str(path.relative_to(NATIVE_DIR)) for path, text in expected_files(manifest).items()
-                         if not path.is_file() or path.read_text() != text]
-                if stale:
-                    raise UserError(f"recipes/native is out of date ({', '.join(stale)}): run `make recipes`")
+                check_committed(manifest)
                 return 0
             for path in write_all(manifest):
                 print(path)
             return 0
         if args.command == "lock":
-            from .lock import check_locks, lock_configurations, write_locks
+            from .lock import check_locks, lock_configurations, write_locks  # lazy: this command's module
             if args.check:
                 for config in lock_configurations(manifest):
                     check_locks(config)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(path)
             return 0
         if args.command == "pipelines":
-            from .ci import check_pipelines, write_pipelines
+            from .ci import check_pipelines, write_pipelines  # lazy: this command's module
             if args.check:
                 check_pipelines(manifest)
                 return 0
@@ -167,13 +167,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config = manifest.config(args.stack, args.flavor, args.mpi)
         if args.command == "push":
-            from pathlib import Path
-            from .publish import push as do_push
+            from .publish import push as do_push  # lazy: this command's module
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
             print(json.dumps(do_push(manifest, config, args.registry, key), indent=2))
             return 0
         if args.command == "ci-build-layer":
-            from .ci import build_one_layer
+            from .cilayer import build_one_layer  # lazy: this command's module
             print(build_one_layer(manifest, config, manifest.layers.get(args.layer).name, args.base_source,
                                   args.ca_bundle))
             return 0
@@ -184,30 +183,27 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "image-name":
             print(config.image(args.layer or manifest.layers.leaf))
         elif args.command == "sif":
-            from pathlib import Path
-            from .sif import build_sif
+            from .sif import build_sif  # lazy: this command's module
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
             print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
         elif args.command == "native-sif":
-            from .recipes import build_native
+            from .nativesif import build_native  # lazy: this command's module
             for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle),
                                      args.pip_index_url):
                 print(path)
         elif args.command == "bench":
-            from .bench.run import run_bench
+            from .bench.run import run_bench  # lazy: this command's module
             print(run_bench(config, args.quick, insist=args.insist, max_wait=args.wait))
         elif args.command == "sqsh":
-            from pathlib import Path
-            from .sqsh import build_sqsh
+            from .sqsh import build_sqsh  # lazy: this command's module
             print(build_sqsh(manifest, config, Path(args.output) if args.output else None, args.mksquashfs,
                              args.base_source, resolve_ca_bundle(args.ca_bundle), args.force))
         elif args.command == "edf":
-            from pathlib import Path
-            from .edf import write_edf
+            from .edf import write_edf  # lazy: this command's module
             print(write_edf(manifest, config, args.image, args.registry, Path(args.output) if args.output else None))
         elif args.command == "repro":
-            from .repro import COMPARED_TREES, REPORT_DIR, run_repro
+            from .repro import COMPARED_TREES, REPORT_DIR, run_repro  # lazy: this command's module
             report = run_repro(config, args.layer or list(COMPARED_TREES), resolve_ca_bundle(args.ca_bundle),
                                args.pip_index_url)
             print(REPORT_DIR / "report.md")
@@ -218,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 1
         elif args.command == "build":
-            from .build import build_stack
+            from .build import build_stack  # lazy: this command's module
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
             for image in build_stack(config, layer, args.base_source, args.ca_bundle, args.pip_index_url):
                 print(image)

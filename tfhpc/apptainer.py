@@ -18,9 +18,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import docker.errors
+
 from .common import REPO_ROOT, UserError
 from .dockerhost import client
+from .imagebuild import build_image
 from .manifest import Config, Manifest
+from .rootimage import resolve_root
 
 # What the helper container needs to build and run SIFs, without --privileged (which some hosts refuse): FUSE for
 # the SIF's squashfs, user namespaces (seccomp/apparmor unconfined) and an unmasked /proc (the CLI's
@@ -48,8 +52,6 @@ def helper_image_name(manifest: Manifest, config: Config) -> str:
 
 def build_helper_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
     """The helper image, built once per apptainer version and OS (BuildKit's cache does the rest)."""
-    from .imagebuild import build_image
-    from .rootimage import resolve_root
     args = {"APPTAINER_PACKAGE_VERSION": manifest.data["sif"]["apptainer_package_version"],
             "OUTER_OPENMPI_VERSION": config.os["mpi"]["openmpi"]["package_version"]}
     return build_image(config, HELPER_DOCKERFILE, helper_image_name(manifest, config),
@@ -102,7 +104,6 @@ class Apptainer:
             return cls(None)
         if build:
             return cls(build_helper_image(manifest, config, base_source, ca_bundle))
-        import docker.errors
         name = helper_image_name(manifest, config)
         try:
             client().images.get(name)

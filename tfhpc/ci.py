@@ -3,8 +3,8 @@
 `make pipelines` writes ci/github/tfhpc.yml and ci/gitlab/tfhpc.gitlab-ci.yml; a unit test fails when the committed
 files differ from what this module renders (as `make recipes` does for recipes/native/). The pipelines build one
 job per layer, chained by `needs:` in the order of containers/layers.toml, each job loading its parent's images from
-the previous job's artifact and building only its own layer (`python -m tfhpc ci-build-layer`); then the SIF, the
-tests, and on tags and on the schedule `make push`.
+the previous job's artifact and building only its own layer (`python -m tfhpc ci-build-layer`, tfhpc/cilayer.py);
+then the SIF, the tests, and on tags and on the schedule `make push`.
 
 Each pipeline is built as data (`github_pipeline`, `gitlab_pipeline`: ruamel.yaml's CommentedMap and CommentedSeq,
 which are a dict and a list that also carry key order, flow style and comments) and written by ruamel.yaml
@@ -19,13 +19,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, LiteralScalarString
 
-from .attest import record_layers
-from .imagebuild import build_layer
-from .common import REPO_ROOT, UserError, log, resolve_ca_bundle
-from .dockerhost import client
-from .lock import check_locks
-from .manifest import Config, Manifest
-from .rootimage import resolve_root
+from .common import REPO_ROOT, UserError
+from .manifest import Manifest
 
 CI_DIR = REPO_ROOT / "ci"
 GITHUB_FILE = CI_DIR / "github" / "tfhpc.yml"
@@ -45,27 +40,6 @@ ACTIONS = {
 # artifacts (zstd). The tests' linters come from PyPI (requirements.txt), their registry runs in a container.
 RUNNER_PACKAGES = "debootstrap zstd"
 SCHEDULE = "17 3 * * 1"  # weekly, Monday 03:17 UTC: rebuild on the distribution's security updates and publish
-
-
-def build_one_layer(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: str | None) -> str:
-    """Build `layer` on its parent image, which must already be loaded (CI: from the parent job's artifact)."""
-    import docker.errors
-    check_locks(config)
-    parent_layer = manifest.layers.get(layer).parent
-    if parent_layer:
-        parent = config.image(parent_layer)
-        try:
-            client().images.get(parent)
-        except docker.errors.ImageNotFound:
-            raise UserError(f"{parent} is not loaded: load the '{parent_layer}' job's artifact first "
-                            "(or run `make image LAYER=" + layer + "`)") from None
-    else:
-        parent = resolve_root(config, base_source)
-    bundle = resolve_ca_bundle(ca_bundle)
-    image = build_layer(config, layer, parent, bundle, None)
-    record_layers(config, {layer: parent if parent_layer else None}, None if parent_layer else parent, bundle, None)
-    log(f"built {image} on {parent}")
-    return image
 
 # What a job hands to the next beside images and SIF: what the images report, their SBOMs and provenance.
 BUILD_RECORDS = ["build/images.json", "build/sbom/", "build/provenance/"]

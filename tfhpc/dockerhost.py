@@ -20,7 +20,7 @@ START_HINT = "start it with 'systemctl start docker' (or 'dockerd &' as root), o
 @functools.lru_cache(maxsize=1)
 def client():
     try:
-        import docker
+        import docker  # here: a venv without the SDK gets the one-line error below
     except ImportError:
         raise UserError("the docker Python SDK is missing: run 'make venv' (or pip install -r requirements.txt)") from None
     try:

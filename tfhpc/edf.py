@@ -21,6 +21,8 @@ from pathlib import Path
 
 from .common import REPO_ROOT, UserError
 from .manifest import Config, Manifest
+from .publish import parse_registry, version_tag
+from .sqsh import sqsh_path
 
 EDF_DIR = REPO_ROOT / "build" / "edf"
 # The EDF entries and tables cscs-docs documents (edf.md: "EDF entries", "EDF tables").
@@ -47,7 +49,6 @@ def srun_mpi(config: Config) -> str:
 
 def registry_reference(config: Config, registry: str, layer: str) -> str:
     """The enroot-style reference of the versioned tag `make push` writes: host[:port]#[namespace/]tfhpc-LAYER:TAG."""
-    from .publish import parse_registry, version_tag
     host, _, namespace = parse_registry(registry).partition("/")
     repository = config.image(layer).partition(":")[0]
     return f"{host}#{namespace + '/' if namespace else ''}{repository}:{version_tag(config)}"
@@ -84,10 +85,9 @@ def header(config: Config, path: Path) -> str:
 def write_edf(manifest: Manifest, config: Config, image: str | None = None, registry: str | None = None,
               output: Path | None = None) -> Path:
     try:
-        import tomli_w
+        import tomli_w  # here: a venv without it gets the one-line error below
     except ImportError:
         raise UserError("tomli-w is missing: run `make venv` (requirements.txt: tomli-w)") from None
-    from .sqsh import sqsh_path
     layer = manifest.layers.leaf
     if not image:
         image = registry_reference(config, registry, layer) if registry else str(sqsh_path(config, layer))

@@ -47,12 +47,14 @@ import re
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from spython.main.parse.parsers import DockerParser
+
 from .common import REPO_ROOT, UserError
 from .manifest import Config, Manifest
+from .sif import render_definition
 
 NATIVE_DIR = REPO_ROOT / "recipes" / "native"
 ARGS_DIR = NATIVE_DIR / "args"
-NATIVE_SIF_DIR = REPO_ROOT / "build" / "native"
 SECRETS = {"ca_bundle": "CA_BUNDLE", "pip_index_url": "PIP_INDEX_URL_FILE"}  # BuildKit secret id -> build argument
 
 HEADER = """\
@@ -73,10 +75,6 @@ SETUP = """\
     f'    if [ -n "{{{{ {arg} }}}}" ]; then cp "{{{{ {arg} }}}}" '
     f'"${{APPTAINER_ROOTFS:-$SINGULARITY_ROOTFS}}/run/secrets/{secret}"; fi\n'
     for secret, arg in SECRETS.items())
-
-
-def sif_name(config: Config, layer: str) -> str:
-    return f"build/native/tfhpc-{layer}_{config.tag}.sif"
 
 
 def instructions(text: str) -> list[str]:
@@ -176,7 +174,6 @@ def split_stages(dockerfile: Path, build_args: Collection[str]) -> tuple[list[st
 
 def parse_stage(stage: Stage):
     """spython's recipe of one stage (its Dockerfile lines without FROM)."""
-    from spython.main.parse.parsers import DockerParser
     parser = DockerParser(None, load=False)
     parser.lines = [line + "\n" for line in stage.lines]
     return parser.parse()["spython-base"]
@@ -343,7 +340,6 @@ def render(manifest: Manifest, layer: str, root: str = "docker") -> str:
 def _interface_sections(manifest: Manifest, layer: str) -> str:
     """The leaf image's %help, %test and apps, taken from the definition `make sif` uses (recipes/app.def.in), so
     that a natively built SIF has the same interface as a converted one; TAG and COMPONENTS are build arguments."""
-    from .sif import render_definition
     texts = set()
     for config in configurations(manifest):
         keep, sections = False, []
@@ -404,78 +400,12 @@ def write_all(manifest: Manifest) -> list[Path]:
     return sorted(files)
 
 
-def check_committed(manifest: Manifest, config: Config) -> tuple[dict[str, Path], Path]:
-    """The committed recipes of every layer and the configuration's arguments file, if they match the generator."""
+def check_committed(manifest: Manifest, paths: Collection[Path] | None = None) -> None:
+    """`make recipes --check`, and `make native-sif` before it builds: each of `paths` (default: every file `make
+    recipes` writes) is there and is what the Dockerfiles and versions.toml give, else a UserError names them."""
     expected = expected_files(manifest)
-    recipes = {layer: NATIVE_DIR / f"{layer}.def" for layer in manifest.layers.names}
-    args = ARGS_DIR / f"{config.tag}.args"
-    for path in [*recipes.values(), args]:
-        if not path.is_file() or path.read_text() != expected.get(path):
-            raise UserError(f"{path.relative_to(REPO_ROOT)} is missing or differs from the Dockerfile and "
-                            "versions.toml: run `make recipes`")
-    return recipes, args
-
-
-def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None,
-                 pip_index_url: str | None = None) -> list[Path]:
-    """Build every layer's SIF from the committed native recipes and the configuration's arguments file, parent first,
-    into build/native/ (each written under a temporary name and renamed). The base recipe's registry header is swapped
-    for the local root image (the `base_source` root, saved with docker) so that this also runs where no registry is
-    reachable; the rest of every recipe is used as committed."""
-    import json
-    import shutil
-    import time
-
-    from .dockerhost import client
-    from .apptainer import Apptainer, scratch_dir
-    from .common import log
-    from .lock import check_locks
-    from .rootimage import resolve_root
-
-    check_locks(config)  # the recipes install from the locks, as the Dockerfiles do
-    recipes, args = check_committed(manifest, config)
-    runtime = Apptainer.for_config(manifest, config, base_source, ca_bundle)
-    root = resolve_root(config, base_source)
-    built, timings = [], {}
-    with scratch_dir(NATIVE_SIF_DIR, ".build-") as workdir:
-        build_args = ["--warn-unused-build-args", "--build-arg-file", str(args)]  # it holds every layer's arguments
-        if ca_bundle is not None:
-            shutil.copy(ca_bundle, workdir / "ca_bundle")
-            (workdir / "ca_bundle").chmod(0o644)
-            build_args += ["--build-arg", f"CA_BUNDLE={workdir / 'ca_bundle'}"]
-        if pip_index_url:
-            (workdir / "pip_index_url").write_text(pip_index_url)
-            (workdir / "pip_index_url").chmod(0o644)  # read by the helper's user; the directory goes away after
-            build_args += ["--build-arg", f"PIP_INDEX_URL_FILE={workdir / 'pip_index_url'}"]
-        for layer, recipe in recipes.items():
-            target = REPO_ROOT / sif_name(config, layer)
-            parent = manifest.layers.get(layer).parent
-            inputs = [recipe, args] + ([REPO_ROOT / sif_name(config, parent)] if parent else [])
-            if target.is_file() and all(target.stat().st_mtime > p.stat().st_mtime for p in inputs):
-                log(f"{layer}: {target.relative_to(REPO_ROOT)} is newer than its recipe, arguments and parent: kept")
-                built.append(target)
-                continue
-            started = time.monotonic()
-            definition = recipe
-            if not manifest.layers.get(layer).parent:
-                archive = workdir / "root.tar"
-                with archive.open("wb") as handle:
-                    for chunk in client().images.get(root).save(chunk_size=8 << 20, named=True):
-                        handle.write(chunk)
-                archive.chmod(0o644)
-                text = recipe.read_text().replace("Bootstrap: docker\nFrom: {{ ROOT_IMAGE }}\n",
-                                                  f"Bootstrap: docker-archive\nFrom: {archive}\n", 1)
-                definition = workdir / recipe.name
-                definition.write_text(text)
-                definition.chmod(0o644)
-                log(f"{layer}: {recipe.relative_to(REPO_ROOT)} with the root image {root} as docker-archive")
-            partial = workdir / f"{layer}.sif"
-            runtime.build(partial, definition, workdir, build_args, cwd=REPO_ROOT)
-            partial.replace(target)
-            timings[layer] = round(time.monotonic() - started, 1)
-            log(f"{layer}: wrote {target.relative_to(REPO_ROOT)} ({target.stat().st_size / 1e6:.0f} MB) "
-                f"in {timings[layer]} s")
-            built.append(target)
-    (NATIVE_SIF_DIR / f"build-{config.tag}.json").write_text(json.dumps(
-        {"seconds": timings, "sizes": {p.name: p.stat().st_size for p in built}}, indent=2) + "\n")
-    return built
+    stale = [str(path.relative_to(NATIVE_DIR)) for path in (expected if paths is None else paths)
+             if not path.is_file() or path.read_text() != expected.get(path)]
+    if stale:
+        raise UserError(f"recipes/native is out of date ({', '.join(stale)}: missing or not what the Dockerfiles and "
+                        "versions.toml give): run `make recipes`")

@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
+import docker.errors
+
 from .common import REPO_ROOT, UserError, git_head, log, write_atomically
+from .dockerhost import client
+from .imagebuild import build_image, layer_inputs
 from .manifest import Config
 
 REPORT_DIR = REPO_ROOT / "build" / "repro"
@@ -207,7 +211,6 @@ class _ChunkReader(io.RawIOBase):
 
 def image_listing(image: str, roots: tuple[str, ...]) -> dict[str, Entry]:
     """tree_listing of `image`'s file system (a created, never started, container exported)."""
-    from .dockerhost import client
     container = client().containers.create(image, entrypoint=["/bin/true"], command=[])
     try:
         stream: IO[bytes] = io.BufferedReader(_ChunkReader(container.export(chunk_size=1 << 20)), 1 << 20)
@@ -243,8 +246,6 @@ def prune_build_cache(started: datetime.datetime, ended: datetime.datetime | Non
     a cached step with its newest record, so these would otherwise stand in for the stack's own at the next `make
     image`: the same files with other file times, hence new image ids from that layer up, and Horovod compiled
     again. A build that runs at the same time loses its new records too: a cache miss later, its images stay."""
-    import docker.errors
-    from .dockerhost import client
     engine = client()
 
     def remaining() -> set[str]:
@@ -267,9 +268,6 @@ def prune_build_cache(started: datetime.datetime, ended: datetime.datetime | Non
 def run_repro(config: Config, layers: list[str], ca_bundle: Path | None, pip_index_url: str | None) -> dict:
     """Build each of `layers` twice with --no-cache on the stack's existing parent image, compare, write the report.
     Returns the report (report_json)."""
-    import docker.errors
-    from .imagebuild import build_image, layer_inputs
-    from .dockerhost import client
     engine = client()
     for layer in layers:
         if layer not in COMPARED_TREES:

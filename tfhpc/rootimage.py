@@ -14,6 +14,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import docker.errors
+
 from .common import REPO_ROOT, UserError, log
 from .dockerhost import client
 from .manifest import Config, check_base_source
@@ -22,7 +24,6 @@ ROOTFS_WORKDIR = REPO_ROOT / "build" / "rootfs"
 
 
 def _local_image(name: str):
-    import docker.errors
     try:
         return client().images.get(name)
     except docker.errors.ImageNotFound:
@@ -31,7 +32,6 @@ def _local_image(name: str):
 
 def _pull(name: str) -> str | None:
     """Pull `name`; None (and the reason, logged) when the registry cannot be reached."""
-    import docker.errors
     repository, _, tag = name.partition(":")
     try:
         client().images.pull(repository, tag=tag or "latest")

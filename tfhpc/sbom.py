@@ -12,6 +12,8 @@ import tarfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import docker.errors
+
 from .common import REPO_ROOT, UserError, write_atomically
 from .dockerhost import client
 from .imagebuild import build_image
@@ -36,7 +38,6 @@ def sbom_path(image: str) -> Path:
 
 def read_image_file(image: str, path: str) -> bytes:
     """One file of an image, from a created (never started) container."""
-    import docker.errors
     container = client().containers.create(image, ["true"], entrypoint=[])
     try:
         stream, _ = container.get_archive(path)

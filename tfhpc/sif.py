@@ -14,6 +14,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import docker.errors
+
 from . import cache
 from .apptainer import Apptainer, scratch_dir
 from .common import REPO_ROOT, UserError, log, sha256_file
@@ -90,7 +92,6 @@ def _up_to_date(target: Path, image_id: str, definition_digest: str, compression
 
 def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, ca_bundle: Path | None,
               sign_key: Path | None = None) -> Path:
-    import docker.errors
     if layer != manifest.layers.leaf:
         # The definition's %runscript, %test and apps are the leaf's commands; the layers below do not have them.
         raise UserError(f"make sif converts the {manifest.layers.leaf} layer (its commands are the SIF's runscript, "

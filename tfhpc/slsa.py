@@ -16,6 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+
 from .common import REPO_ROOT, UserError, git_head, git_revision, sha256_file, write_atomically
 from .dockerhost import client
 from .manifest import MANIFEST_PATH, Config
@@ -151,7 +155,6 @@ def write_statement(path: Path, document: dict, sign_key: Path | None = None) ->
 
 
 def _private_key(sign_key: Path):
-    from cryptography.hazmat.primitives import serialization
     try:
         return serialization.load_pem_private_key(sign_key.read_bytes(), password=None)
     except FileNotFoundError:
@@ -164,8 +167,6 @@ def _private_key(sign_key: Path):
 
 def sign(data: bytes, sign_key: Path) -> bytes:
     """A detached signature of `data`: RSA PKCS #1 v1.5 or ECDSA (DER) with SHA-256, or Ed25519."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
     key = _private_key(sign_key)
     if isinstance(key, rsa.RSAPrivateKey):
         return key.sign(data, padding.PKCS1v15(), hashes.SHA256())
@@ -177,16 +178,12 @@ def sign(data: bytes, sign_key: Path) -> bytes:
 
 
 def public_key_pem(sign_key: Path) -> bytes:
-    from cryptography.hazmat.primitives import serialization
     return _private_key(sign_key).public_key().public_bytes(serialization.Encoding.PEM,
                                                             serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def verify(data: bytes, signature: bytes, public_pem: bytes) -> bool:
     """Whether `signature` is a signature of `data` by the private key of `public_pem`."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
     key = serialization.load_pem_public_key(public_pem)
     try:
         if isinstance(key, rsa.RSAPublicKey):

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import docker.errors
+
 from .apptainer import build_helper_image, helper_image_name, scratch_dir
 from .common import REPO_ROOT, UserError, log, sha256_file
 from .dockerhost import client
@@ -178,7 +180,6 @@ def choose_mksquashfs(manifest: Manifest, config: Config, where: str, base_sourc
     if where == "host":
         raise UserError("no mksquashfs on this host: install squashfs-tools, or use the helper image (--mksquashfs "
                         "helper, the default when the host has none)")
-    import docker.errors
     name = helper_image_name(manifest, config)
     try:
         client().images.get(name)
@@ -204,7 +205,6 @@ def build_sqsh(manifest: Manifest, config: Config, output: Path | None = None, w
                base_source: str = "auto", ca_bundle: Path | None = None, force: bool = False) -> Path:
     """Write the squashfs of the leaf image (unless the one there was made from the same image id) and its record
     (<file>.json: image, image id, sha256, options). Written under a temporary name, renamed when complete."""
-    import docker.errors
     layer = manifest.layers.leaf
     image = config.image(layer)
     try:

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from tfhpc import REPO_ROOT
-from tfhpc.bench import idle, run
+from tfhpc.bench import context, goals, idle, run
 
-RESULTS = run.BENCH_DIR / "quick" / "results.json"
+RESULTS = context.BENCH_DIR / "quick" / "results.json"
 # Plausible ranges per unit: a value outside is a broken measurement (a unit slip, a zero time), not a slow machine.
 # "ms" starts at 0: a Horovod phase can last less than its timeline's resolution of 1 us.
 SANE = {"GB/s": (1e-7, 1000.0), "ratio": (1e-6, 1000.0), "img/s": (1.0, 1e6), "s": (0.0, 3600.0),
@@ -40,7 +40,7 @@ def results():
 
 
 def test_every_planned_figure_is_reported_once(results, config):
-    plan = run.Plan.make(quick=True)
+    plan = context.Plan.make(quick=True)
     expected = [id for id, *_ in run.expected_ids(plan, config)]
     reported = [f["id"] for f in results["figures"]]
     assert sorted(reported) == sorted(expected)
@@ -75,7 +75,7 @@ def test_ratios_agree_with_the_figures_they_come_from(results):
 
 
 def test_every_goal_is_judged_or_says_why_not(results):
-    assert {g["id"] for g in results["goals"]} == {g.id for g in run.GOALS}
+    assert {g["id"] for g in results["goals"]} == {g.id for g in goals.GOALS}
     for goal in results["goals"]:
         if goal["met"] is None:
             assert goal["verdict"].startswith("not judged: ") and len(goal["verdict"]) > 20, goal

@@ -245,7 +245,7 @@ def test_pulled_provenance_verifies_with_the_site_key_and_names_what_was_publish
 
 def test_ci_build_layer_needs_its_parent_loaded():
     """The pipelines' per-layer job stops in one line when the parent job's images were not loaded (no build)."""
-    from tfhpc.ci import build_one_layer
+    from tfhpc.cilayer import build_one_layer
     unbuilt = dataclasses.replace(CONFIG, mpi="never-built")  # its locks exist (per stack x flavour), no image does
     layer = MANIFEST.layers.names[1]
     parent = MANIFEST.layers.get(layer).parent

@@ -1,4 +1,5 @@
-"""The benchmark's arithmetic and parsing (tfhpc/bench/stats.py, run.py's pure parts, report.py): no docker."""
+"""The benchmark's arithmetic and parsing (tfhpc/bench/stats.py, the harness's and sections' pure parts,
+report.py): no docker."""
 import json
 import math
 import shlex
@@ -9,7 +10,8 @@ import sys
 import pytest
 
 from tfhpc import REPO_ROOT
-from tfhpc.bench import run, stats
+from tfhpc.bench import context, goals, run, stats
+from tfhpc.bench.sections import footprint, startup
 from tfhpc.bench.report import markdown, write_outputs
 
 MB = 1 << 20
@@ -127,21 +129,21 @@ def test_recorded_builds_cold_and_warm(tmp_path):
                {"when": "t2", "config": "latest-cpu-openmpi", "seconds": {"base": 1, "total": 12.0}},
                {"when": "t3", "config": "latest-cpu-mpich", "seconds": {"total": 5.0}}]
     path.write_text("\n".join(json.dumps(e) for e in entries) + "\nnot json\n")
-    found = run.recorded_builds(path, "latest-cpu-openmpi")
+    found = footprint.recorded_builds(path, "latest-cpu-openmpi")
     assert [e["when"] for e in found] == ["t1", "t2"]
-    cold, warm = run.cold_and_warm(found)
+    cold, warm = footprint.cold_and_warm(found)
     assert cold["when"] == "t1" and warm["when"] == "t2"
-    assert run.cold_and_warm(found[:1]) == (found[0], None)
-    assert run.recorded_builds(tmp_path / "missing.jsonl", "x") == []
+    assert footprint.cold_and_warm(found[:1]) == (found[0], None)
+    assert footprint.recorded_builds(tmp_path / "missing.jsonl", "x") == []
 
 
 def test_parallel_start_script_reports_every_process():
     # A stand-in for python: prints the IMPORT line the real import code prints, ignoring "-c CODE".
-    script = run._parallel_script(3, "sh -c 'echo IMPORT 0.25' sh")
+    script = startup._parallel_script(3, "sh -c 'echo IMPORT 0.25' sh")
     output = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60).stdout
     reports = stats.one_per_rank(stats.parse_results(output), 3)
     assert all(r["import_s"] == 0.25 and r["end"] >= r["start"] > 0 for r in reports)
-    failing = subprocess.run(["bash", "-c", run._parallel_script(1, "false")], capture_output=True, text=True,
+    failing = subprocess.run(["bash", "-c", startup._parallel_script(1, "false")], capture_output=True, text=True,
                              timeout=60).stdout
     assert stats.parse_results(failing)[0]["import_s"] is None  # a failed import is seen, not timed
 
@@ -157,9 +159,9 @@ def test_allreduce_probe_memcpy_mode():
 
 def test_every_goal_names_a_figure_the_plan_produces(manifest, config):
     for quick in (True, False):
-        plan = run.Plan.make(quick)
+        plan = context.Plan.make(quick)
         ids = {id for id, *_ in run.expected_ids(plan, config)}
-        assert {goal.figure for goal in run.GOALS} <= ids, quick
+        assert {goal.figure for goal in goals.GOALS} <= ids, quick
         assert 64 * MB in plan.sizes and 8 in plan.startup_counts
 
 
@@ -188,7 +190,7 @@ class _FakeContext:
 
 def _ngc(config, app_bytes=5_000_000_000):
     seen = {}
-    run.ngc_ratio(_FakeContext(config), app_bytes,
+    footprint.ngc_ratio(_FakeContext(config), app_bytes,
                   lambda value, note, source: seen.update(value=value, note=note, source=source),
                   lambda reason: seen.update(reason=reason))
     return seen
@@ -200,7 +202,7 @@ def test_ngc_ratio_uses_the_published_reference_for_the_gpu_flavour(manifest, mo
     seen = _ngc(manifest.config(flavor="gpu"))
     assert seen["value"] == pytest.approx(5_000_000_000 / reference["bytes"])
     assert reference["image"] in seen["note"] and seen["source"] == reference["source"]
-    run_goal = next(goal for goal in run.GOALS if goal.figure == "size.ratio.ngc")
+    run_goal = next(goal for goal in goals.GOALS if goal.figure == "size.ratio.ngc")
     assert run_goal.at_most and run_goal.target == 0.5
 
 
@@ -212,7 +214,7 @@ def test_ngc_ratio_is_not_a_goal_of_the_cpu_flavour(manifest, monkeypatch):
 
 def test_the_rebuild_copies_what_dockerignore_lets_into_the_context(tmp_path):
     from tfhpc import REPO_ROOT
-    from tfhpc.bench.run import context_paths
+    from tfhpc.bench.sections.footprint import context_paths
     assert set(context_paths(REPO_ROOT / ".dockerignore")) == {"containers", "locks", "scripts", "tests/cluster/nodes"}
     ignore = tmp_path / ".dockerignore"
     ignore.write_text("*\n!a/\n!b/c/\n**/__pycache__\n!file.txt\n")
@@ -302,20 +304,20 @@ def test_horovod_timeline_phases_per_size():
     assert stats.load_trace(text) == events
 
 
-@pytest.mark.parametrize("mpi", sorted(run.RANK_OUTPUT))
+@pytest.mark.parametrize("mpi", sorted(context.RANK_OUTPUT))
 def test_rank_outputs_reads_every_rank_in_order(tmp_path, mpi):
-    layout = run.RANK_OUTPUT[mpi][1]
+    layout = context.RANK_OUTPUT[mpi][1]
     for rank, stream, text in ((1, "stdout", 'RESULT {"rank": 1}\n'), (0, "stdout", 'RESULT {"rank": 0}\n'),
                                (1, "stderr", "a warning\n")):
         path = tmp_path / layout.format(rank=rank, stream=stream)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    output = run.rank_outputs(tmp_path, 2, mpi)
+    output = context.rank_outputs(tmp_path, 2, mpi)
     assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]
     assert output.index('"rank": 0') < output.index('"rank": 1') < output.index("a warning")
     with pytest.raises(RuntimeError, match="rank.2"):
-        run.rank_outputs(tmp_path, 3, mpi)
-    assert "a warning" in run.rank_outputs(tmp_path, 3, mpi, partial=True)
+        context.rank_outputs(tmp_path, 3, mpi)
+    assert "a warning" in context.rank_outputs(tmp_path, 3, mpi, partial=True)
 
 
 HOST_OPEN_MPI = bool(shutil.which("mpirun")) and "Open MPI" in subprocess.run(
@@ -326,7 +328,7 @@ ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 @pytest.mark.skipif(not HOST_OPEN_MPI, reason="no host Open MPI mpirun")
 def test_host_mpirun_returns_each_ranks_lines_whole():
     code = "import os, json; print('RESULT ' + json.dumps({'rank': int(os.environ['OMPI_COMM_WORLD_RANK']), 'x': 'y' * 5000}))"
-    output = run.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)
+    output = context.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)
     assert [r["rank"] for r in stats.one_per_rank(stats.parse_results(output), 2)] == [0, 1]
 
 
@@ -334,4 +336,4 @@ def test_host_mpirun_returns_each_ranks_lines_whole():
 def test_host_mpirun_failure_carries_the_ranks_output():
     code = "import sys; print('rank says why', file=sys.stderr); sys.exit(3)"
     with pytest.raises(RuntimeError, match="rank says why"):
-        run.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)
+        context.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)

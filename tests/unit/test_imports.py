@@ -95,12 +95,7 @@ def function_imports(package):
     return sorted(uncommented)
 
 
-@pytest.mark.parametrize("package", [
-    "tfhpc_runtime",
-    pytest.param("tfhpc", marks=pytest.mark.xfail(
-        strict=True, reason="function-level imports without a comment in tfhpc/ (build.py, sbom.py, slsa.py, "
-                            "__main__.py, bench/run.py among them): each moves to the top or gets its why")),
-])
+@pytest.mark.parametrize("package", ["tfhpc_runtime", "tfhpc"])
 def test_function_level_imports_say_why(package):
     found = function_imports(package)
     assert not found, ("imports inside functions without a comment that says why (move them to the top, or add "

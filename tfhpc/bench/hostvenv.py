@@ -13,7 +13,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import docker.errors
+
 from ..common import REPO_ROOT, UserError
+from ..dockerhost import client
 from ..manifest import Config
 
 HOST_VENV = REPO_ROOT / "build" / "bench" / "host-venv"
@@ -32,9 +35,7 @@ def stamp(config: Config, image_id: str) -> dict:
 
 
 def _image_id(config: Config) -> str | None:
-    import docker.errors
 
-    from ..dockerhost import client
     try:
         return client().images.get(config.image("horovod")).id
     except docker.errors.ImageNotFound:
@@ -91,7 +92,6 @@ def ready(config: Config, path: Path = HOST_VENV) -> bool:
 
 def build(config: Config, log, path: Path = HOST_VENV) -> Path:
     """Export the image's venv to `path` (or keep it, when its stamp matches the image)."""
-    from ..dockerhost import client
     if ready(config, path):
         return path
     image_id = _image_id(config)

@@ -12,6 +12,7 @@ import subprocess
 import time
 
 from ..common import UserError
+from ..dockerhost import client
 
 # An idle Linux host with dockerd running shows a 1-minute load of 0.0-0.3; a docker build, a test run or another
 # benchmark keeps it near the number of cores. The 1-minute average decays by 1/e per minute, so a machine that has
@@ -23,7 +24,6 @@ POLL_SECONDS = 15
 def machine_state(exclude_prefix: str = "tfhpc-bench-") -> dict:
     """Load average, the running containers not started by the benchmark and the busiest processes of the host
     (a docker build shows as processes, not as a container)."""
-    from ..dockerhost import client
     others = [f"{c.name} ({c.image.tags[0] if c.image.tags else c.image.short_id})"
               for c in client().containers.list() if not c.name.startswith(exclude_prefix)]
     try:

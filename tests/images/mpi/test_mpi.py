@@ -41,9 +41,10 @@ def test_two_rank_mpi4py_allreduce(host, image_layer):
 
 
 def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
-    """`make bench` forces each allreduce algorithm by name (tfhpc/bench/run.py COLL_ALGORITHMS): every name must be
-    one the image's MPI lists, or the run aborts at MPI_Init (MPICH) or measures the default under a wrong label."""
-    from tfhpc.bench.run import COLL_ALGORITHMS
+    """`make bench` forces each allreduce algorithm by name (tfhpc/bench/sections/coll.py COLL_ALGORITHMS): every
+    name must be one the image's MPI lists, or the run aborts at MPI_Init (MPICH) or measures the default under a
+    wrong label."""
+    from tfhpc.bench.sections.coll import COLL_ALGORITHMS
     forced = [name for name in COLL_ALGORITHMS[CONFIG.mpi] if name != "default"]
     if CONFIG.mpi == "openmpi":
         listed = host.check_output("ompi_info --param coll tuned --level 9")

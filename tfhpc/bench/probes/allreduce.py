@@ -39,7 +39,7 @@ def main():
         cases += [(int(s), FUSED_TENSORS) for s in args.fused_sizes.split(",")]
 
     if args.impl == "mpi4py":
-        from mpi4py import MPI
+        from mpi4py import MPI  # here: in the image, for --impl mpi4py only
         comm = MPI.COMM_WORLD
         rank, ranks = comm.Get_rank(), comm.Get_size()
         agree = lambda value: comm.allreduce(value, op=MPI.MAX)  # noqa: E731
@@ -51,8 +51,8 @@ def main():
             return lambda: comm.Allreduce(send, receive, op=MPI.SUM)
         info = {"library": MPI.Get_library_version().splitlines()[0]}
     elif args.impl == "horovod":
-        import tensorflow as tf
-        import horovod.tensorflow as hvd
+        import tensorflow as tf  # here: in the image, for --impl horovod only (seconds to import)
+        import horovod.tensorflow as hvd  # here: as tensorflow above
         hvd.init()
         rank, ranks = hvd.rank(), hvd.size()
 

@@ -30,11 +30,12 @@ def proxy_build_args(environ: dict[str, str] | None = None) -> list[str]:
 def build_image(config: Config, dockerfile: Path, image: str, parent_image: str, ca_bundle: Path | None,
                 pip_index_url: str | None = None, labels: dict[str, str] | None = None,
                 extra_args: dict[str, str] | None = None, shown_as: str | None = None,
-                target: str | None = None, no_cache: bool = False) -> str:
-    """Build `dockerfile` (context: the checkout) on `parent_image` (its BASE_IMAGE) with the configuration's build
-    arguments and tag it `image` only if the build succeeds, so a failed build leaves the previous image in place.
-    `shown_as`: the name to report when `image` is a staging tag (see build_stack); `target`: a stage to stop at;
-    `no_cache`: run every step again (docker build --no-cache; cache mounts such as pip's downloads stay)."""
+                target: str | None = None, no_cache: bool = False, context: Path = REPO_ROOT) -> str:
+    """Build `dockerfile` (context: the checkout, or `context`) on `parent_image` (its BASE_IMAGE) with the
+    configuration's build arguments and tag it `image` only if the build succeeds, so a failed build leaves the
+    previous image in place. `shown_as`: the name to report when `image` is a staging tag (see build_stack);
+    `target`: a stage to stop at; `no_cache`: run every step again (docker build --no-cache; cache mounts such as
+    pip's downloads stay)."""
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
@@ -56,7 +57,7 @@ def build_image(config: Config, dockerfile: Path, image: str, parent_image: str,
             secret.chmod(0o600)
             args += ["--secret", f"id=pip_index_url,src={secret}"]
         log(f"building {shown_as or image}")
-        status = build_cli().run([*args, str(REPO_ROOT)])
+        status = build_cli().run([*args, str(context)])
         if status != 0 or not iidfile.is_file():
             raise UserError(f"building {shown_as or image} from {dockerfile} failed (build log above); "
                             f"{shown_as or image} was left as it was")

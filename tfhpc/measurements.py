@@ -18,7 +18,10 @@ from .common import REPO_ROOT, UserError
 RECORDS = REPO_ROOT / "docs" / "measurements" / "records.toml"
 PAGE = REPO_ROOT / "docs" / "measurements.md"
 MAX_WIDTH = 120
-RECORD_FIELDS = {"section", "table", "date", "commit", "machine", "what", "figures", "note", "see"}
+FIELDS = {"file": {"text", "machines", "sections", "records"},
+          "section": {"id", "title", "level", "text", "after", "tables"},
+          "table": {"id", "what", "columns", "text", "after", "notes"},
+          "record": {"section", "table", "date", "commit", "machine", "what", "figures", "note", "see"}}
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
 # A wrapped line must not begin with what Markdown would read as a list item, a heading or a quote.
 BLOCK_START = re.compile(r"(\d+[.)]|[-+*>]|#+)")
@@ -40,8 +43,15 @@ def _fail(where: str, problem: str) -> None:
     raise UserError(f"{_name(RECORDS)}: {where}: {problem}".replace("\n", " "))
 
 
+def _known(where: str, kind: str, entry: dict) -> None:
+    unknown = set(entry) - FIELDS[kind]
+    if unknown:
+        _fail(where, f"unknown field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(FIELDS[kind]))}")
+
+
 def validate(data: dict) -> None:
     """Raise a one-line UserError on the first problem: unknown keys, missing fields, a bad date or commit."""
+    _known("top level", "file", data)
     machines = data.get("machines")
     if not isinstance(machines, dict) or not machines:
         _fail("[machines]", "no machine defined: add [machines.KEY] with a description")
@@ -52,12 +62,14 @@ def validate(data: dict) -> None:
     section_ids = set()
     for number, section in enumerate(data.get("sections", []), 1):
         where = f"section {number} ({section.get('id', '?')})"
+        _known(where, "section", section)
         if not section.get("id") or not section.get("title") or section.get("level") not in (2, 3):
             _fail(where, "needs id, title and level (2 or 3)")
         if section["id"] in section_ids:
             _fail(where, "its id is used twice: give each section its own id")
         section_ids.add(section["id"])
         for table in section.get("tables", []):
+            _known(f"{where}, table {table.get('id', '?')}", "table", table)
             key = (section["id"], table.get("id"))
             if key in tables or not table.get("id"):
                 _fail(where, f"table id {table.get('id')!r} is missing or used twice in the section")
@@ -67,9 +79,7 @@ def validate(data: dict) -> None:
     used = set()
     for number, record in enumerate(data.get("records", []), 1):
         where = f"record {number} ({record.get('date', 'no date')}, {str(record.get('what', ''))[:40]!r})"
-        unknown = set(record) - RECORD_FIELDS
-        if unknown:
-            _fail(where, f"unknown field(s) {', '.join(sorted(unknown))}: use {', '.join(sorted(RECORD_FIELDS))}")
+        _known(where, "record", record)
         key = (record.get("section"), record.get("table"))
         if record.get("section") not in section_ids:
             _fail(where, f"section {record.get('section')!r} is not defined: add it under [[sections]] or fix the id")

@@ -93,6 +93,20 @@ def test_a_broken_record_fails_in_one_line(records, fields, problem):
     assert problem in failure(data)
 
 
+def test_a_misspelt_table_field_fails(records):
+    data = copy.deepcopy(records)
+    data["sections"][0]["tables"][0]["colums"] = ["time"]
+    assert "unknown field(s) colums" in failure(data)
+
+
+def test_a_row_too_wide_for_any_table_becomes_a_list_item(records):
+    data = copy.deepcopy(records)
+    data["records"].append(a_record(what="a long description of what was built " * 4, date=datetime.date(2099, 1, 1)))
+    section = measurements.render(data).split("## Build times", 1)[1].split("\n## ", 1)[0]
+    assert "\n- 2099-01-01" in section and "| date |" not in section
+    assert max(map(len, section.splitlines())) <= measurements.MAX_WIDTH
+
+
 def test_an_appended_record_is_the_only_step(records):
     """A new record lands in its table, newest first, with no other edit; rows keep the file's order within a day."""
     data = copy.deepcopy(records)

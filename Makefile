@@ -23,7 +23,7 @@ export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGIS
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -57,6 +57,9 @@ push: venv ## push the built images, the SIF, SBOMs and provenance (signed with 
 
 pipelines: venv ## regenerate ci/ (GitHub Actions, GitLab CI) from containers/layers.toml
 	$(PYTHON) -m tfhpc pipelines
+
+measurements: venv ## regenerate docs/measurements.md from docs/measurements/records.toml (append a record there)
+	$(PYTHON) -m tfhpc measurements
 
 lint: venv ## hadolint every Dockerfile, shellcheck every shell script, check ci/ against its schemas (part of test)
 	$(PYTHON) -m pytest tests/unit/test_lint.py tests/unit/test_ci_pipelines.py $(PYTEST_ARGS)

@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     pipelines = commands.add_parser("pipelines", help="write ci/ (GitHub Actions, GitLab CI) from containers/layers.toml")
     pipelines.add_argument("--check", action="store_true", help="exit 1 if the committed pipelines are out of date")
 
+    measurements = commands.add_parser("measurements", help="write docs/measurements.md from "
+                                       "docs/measurements/records.toml")
+    measurements.add_argument("--check", action="store_true", help="exit 2 if the committed page is out of date")
+
     ci_layer = commands.add_parser("ci-build-layer", help="CI: build one layer on its parent image, already loaded")
     _add_config_options(ci_layer)
     ci_layer.add_argument("--layer", required=True)
@@ -164,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             for path in write_pipelines(manifest):
                 print(path)
+            return 0
+        if args.command == "measurements":
+            from .measurements import check, write  # this command's module only
+            if args.check:
+                check()
+                return 0
+            print(write())
             return 0
         config = manifest.config(args.stack, args.flavor, args.mpi)
         if args.command == "push":

@@ -2,7 +2,7 @@
 RESULT lines and doctor reports (tests/sites/conftest.py has the fixtures; docstring there)."""
 import json
 
-from stack import CONFIG, MANIFEST
+from stack import CONFIG, MANIFEST, expected_collectives
 
 MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
 OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
@@ -25,3 +25,20 @@ def check(report, section, name):
     found = [c for c in report["checks"] if c["section"] == section and c["name"] == name]
     assert found, f"no check {section}/{name} in {[(c['section'], c['name']) for c in report['checks']]}"
     return found[0]
+
+
+# The host MPIs of the MPICH ABI family that the MPICH images take, with how MPI_Get_library_version begins in each;
+# Horovod's collectives on them (float16: a user-defined op on a derived datatype in Horovod's MPI path).
+HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
+SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
+SMOKE = f"tfhpc-smoke-collectives --sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}"
+
+
+def check_collectives(output):
+    """Both ranks of `tfhpc-smoke-collectives` (SMOKE) on 2 ranks reported exact sums and averages."""
+    found = results(output)
+    assert len(found) == 2, output[-3000:]
+    expected = expected_collectives(2, SIZES, DTYPES)
+    for result in found:
+        assert result["size"] == 2 and not result["failures"], result
+        assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected

@@ -15,13 +15,9 @@ import subprocess
 
 import pytest
 
-from site_helpers import check, doctor_reports, results
+from site_helpers import HOST_MPIS, SMOKE, check, check_collectives, doctor_reports, results
 from site_mpi import MOUNT, SITE_MPI_DIR, in_containers
-from stack import expected_collectives
 
-HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
-SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
-SMOKE = f"tfhpc-smoke-collectives --sizes {','.join(map(str, SIZES))} --dtypes {','.join(DTYPES)}"
 TRAIN = ("tfhpc-train-hvd-fit --epochs 2 --train-samples 1000 --test-samples 200 --model mlp --verbose 0 "
          "--intra-threads 1")
 
@@ -56,15 +52,6 @@ def check_host_library(output, prefix, banner):
         assert paths and all(p.startswith(in_containers(prefix) + "/") for p in paths), paths
         assert report["facts"]["mpi_library"]["version"].startswith(banner), report["facts"]["mpi_library"]
         assert check(report, "launcher", "world size")["status"] == "ok"
-
-
-def check_collectives(output):
-    found = results(output)
-    assert len(found) == 2, output[-3000:]
-    expected = expected_collectives(2, SIZES, DTYPES)
-    for result in found:
-        assert result["size"] == 2 and not result["failures"], result
-        assert {k: v for k, v in result["allreduce"].items() if k in expected} == expected
 
 
 def check_training(output):

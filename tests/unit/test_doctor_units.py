@@ -141,7 +141,8 @@ def test_doctor_reports_single_copy_and_how_to_get_it(monkeypatch, tmp_path):
     ([{"path": "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", "origin": "image", "from": ""}], "ok",
      ["the image's MPI: "]),
     ([{"path": "/usr/lib/x86_64-linux-gnu/libmpi.so.12", "origin": "mounted",
-       "from": "/site/lib/libmpi.so.12 (/dev/sda1)"}], "ok", ["a host MPI mounted over the image's library: ", "from /site/lib/libmpi.so.12", "MPICH Version:\t5.0.2"]),
+       "from": "/site/lib/libmpi.so.12 (/dev/sda1)"}], "ok",
+     ["a host MPI mounted over the image's library: ", "from /site/lib/libmpi.so.12", "MPICH Version:\t9.1"]),
     ([{"path": "/site/lib/libmpi.so.12", "origin": "elsewhere", "from": "/site/lib/libmpi.so.12"}], "ok",
      ["a host MPI, not the image's (first on LD_LIBRARY_PATH): /site/lib/libmpi.so.12"]),
     ([{"path": "/site/lib/libmpi.so.12", "origin": "elsewhere", "from": "/site/lib/libmpi.so.12"},
@@ -155,7 +156,7 @@ def test_without_tfhpc_host_mpi_the_doctor_names_a_hooks_host_library(monkeypatc
     for name in hostenv.HOST_INSTALL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     report = doctor.Report()
-    library = {"paths": [o["path"] for o in origins], "version": "MPICH Version:\t5.0.2", "origins": origins}
+    library = {"paths": [o["path"] for o in origins], "version": "MPICH Version:\t9.1", "origins": origins}
     doctor.check_mpi_library(report, library, {})
     (check,) = report.checks
     assert check["status"] == status and all(word in check["detail"] for word in words), check

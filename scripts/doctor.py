@@ -72,7 +72,8 @@ from mpi4py import MPI
 from tfhpc_runtime import mpilib
 view = mpilib.loaded_view(mpilib.mapped_files(open("/proc/self/maps").read()))
 version = MPI.Get_library_version().replace("\0", "").strip()
-print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": version}), flush=True)
+print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": version, "origins": mpilib.origins(view["mpi"])}),
+      flush=True)
 """
 # Where the image's PMIx library is (Debian 12: libpmix2's private directory; Debian 13: the multiarch directory).
 PMIX_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu/pmix2/lib/libpmix.so.2", "/usr/lib/*-linux-gnu/libpmix.so.2")
@@ -287,10 +288,29 @@ def check_mpi_library(report, mpi_library, probe):
                        "start the command through the image's environment (apptainer exec/run of the SIF, a tfhpc-NAME "
                        "command, or the Docker entrypoint) and keep LD_LIBRARY_PATH as it sets it")
     else:
-        report.add("mpi", "library", OK, f"the image's MPI: {detail}")
+        report.add("mpi", "library", *describe_origin(mpi_library.get("origins") or [], detail, version))
     loaded = probe.get("loaded") or {}
     if loaded.get("transport"):
         report.add("mpi", "transport", INFO, loaded["transport"])
+
+
+def describe_origin(origins, detail, version):
+    """Without TFHPC_HOST_MPI: whose MPI this rank loaded, the image's or a host's that a site's MPI hook put in its
+    place (a host library mounted over the image's libmpi.so.12, or a host directory first on LD_LIBRARY_PATH)."""
+    mounted = [o for o in origins if o["origin"] == "mounted"]
+    elsewhere = [o for o in origins if o["origin"] == "elsewhere"]
+    images = [o["path"] for o in origins if o["origin"] == "image"]
+    if mounted:
+        text = "a host MPI mounted over the image's library: " + ", ".join(f"{o['path']} from {o['from']}"
+                                                                            for o in mounted)
+    elif elsewhere:
+        text = f"a host MPI, not the image's (first on LD_LIBRARY_PATH): {', '.join(o['path'] for o in elsewhere)}"
+    else:
+        return OK, f"the image's MPI: {detail}", ""
+    if images:
+        return (WARN, f"{text}, and the image's {', '.join(images)} as well: {version}",
+                "two MPI libraries in one process: something still links the image's MPI by another name")
+    return OK, f"{text}: {version}", ""
 
 
 OPEN_MPI_PARAMETER_FILE = "/etc/openmpi/openmpi-mca-params.conf"

@@ -22,8 +22,12 @@ def main():
     for name, version in installed_versions().items():
         print(f"  {name:<14} {version}")
     if shutil.which("mpirun"):
-        first = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
-        print(f"  mpi            {first[0] if first else '?'}")
+        lines = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()
+        # Open MPI: "mpirun (Open MPI) 4.1.4"; MPICH's hydra: "HYDRA build details:", then "    Version:   4.0.2"
+        hydra = [line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("Version:")]
+        shown = f"MPICH (hydra mpirun {hydra[0]})" if lines and lines[0].startswith("HYDRA") and hydra else \
+            (lines[0] if lines else "?")
+        print(f"  mpi            {shown}")
     with (SCRIPTS / "entrypoints.toml").open("rb") as handle:
         entrypoints = tomllib.load(handle)
     print("\ncommands (docker run IMAGE NAME, or apptainer run --app NAME image.sif):")

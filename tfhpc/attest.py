@@ -9,6 +9,7 @@ they cost a few `docker inspect` calls.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from .common import REPO_ROOT, log, source_epoch
 from .dockerhost import client
 from .imagebuild import layer_inputs, layer_sources
 from .manifest import Config
-from .provenance import probe_image, update_images_json
+from .provenance import PROBE, probe_image, update_images_json
 from .sbom import file_name, generate_sboms, leaf_sbom, sbom_path
 from .slsa import image_statement, recorded_root, root_material, statement_path, write_statement
 
@@ -35,7 +36,7 @@ def probe_records(config: Config, images: list[str]) -> list[dict]:
     records = []
     for image in images:
         image_id = client().images.get(image).id
-        entry = cache.key("probe", image_id)
+        entry = cache.key("probe", image_id, probe=hashlib.sha256(PROBE.encode()).hexdigest())  # a new probe, anew
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "record.json"
             if cache.fetch(entry, {"record.json": path}):

@@ -28,7 +28,10 @@ def run(*cmd):
     except Exception as error:
         return "error: %s" % error
 if shutil.which("mpirun"):
-    report["mpirun_version"] = run("mpirun", "--version").splitlines()[0]
+    # Open MPI: "mpirun (Open MPI) 4.1.4"; MPICH's hydra: "HYDRA build details:", then "    Version:   4.0.2"
+    lines = run("mpirun", "--version").splitlines() or [""]
+    hydra = [line.split(":", 1)[1].strip() for line in lines if line.strip().startswith("Version:")]
+    report["mpirun_version"] = "HYDRA %s" % hydra[0] if lines[0].startswith("HYDRA") and hydra else lines[0]
 if "mpi4py" in report["packages"]:
     report["mpi4py_library"] = run("python", "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])")
 if "horovod" in report["packages"]:

@@ -15,14 +15,10 @@ import subprocess
 
 import pytest
 
-from site_helpers import check, doctor_reports
-from support.collectives import check_collectives, smoke_arguments
+from site_helpers import DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
+from support.collectives import check_collectives
 from support.results import results
 from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers
-
-HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
-SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
-SMOKE = f"tfhpc-smoke-collectives {smoke_arguments(SIZES, DTYPES)}"
 TRAIN = ("tfhpc-train-hvd-fit --epochs 2 --train-samples 1000 --test-samples 200 --model mlp --verbose 0 "
          "--intra-threads 1")
 

@@ -135,3 +135,28 @@ def test_doctor_reports_single_copy_and_how_to_get_it(monkeypatch, tmp_path):
     assert "--cap-add SYS_PTRACE" in refused["fix"]
     forced = single_copy_check({"TFHPC_SINGLE_COPY": "cma"}, monkeypatch, conf)   # the file's none, CMA allowed
     assert forced["status"] == "warn" and "unset" in forced["fix"]
+
+
+@pytest.mark.parametrize("origins, status, words", [
+    ([{"path": "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", "origin": "image", "from": ""}], "ok",
+     ["the image's MPI: "]),
+    ([{"path": "/usr/lib/x86_64-linux-gnu/libmpi.so.12", "origin": "mounted",
+       "from": "/site/lib/libmpi.so.12 (/dev/sda1)"}], "ok",
+     ["a host MPI mounted over the image's library: ", "from /site/lib/libmpi.so.12", "MPICH Version:\t9.1"]),
+    ([{"path": "/site/lib/libmpi.so.12", "origin": "elsewhere", "from": "/site/lib/libmpi.so.12"}], "ok",
+     ["a host MPI, not the image's (first on LD_LIBRARY_PATH): /site/lib/libmpi.so.12"]),
+    ([{"path": "/site/lib/libmpi.so.12", "origin": "elsewhere", "from": "/site/lib/libmpi.so.12"},
+      {"path": "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", "origin": "image", "from": ""}], "warn",
+     ["and the image's /usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0 as well"]),
+])
+def test_without_tfhpc_host_mpi_the_doctor_names_a_hooks_host_library(monkeypatch, origins, status, words):
+    """A site's MPI hook, not TFHPC_HOST_MPI, put a host MPI in the image's place: the doctor says whose MPI it is."""
+    doctor = load_doctor()
+    monkeypatch.delenv(hostenv.HOST_MPI_VARIABLE, raising=False)
+    for name in hostenv.HOST_INSTALL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    report = doctor.Report()
+    library = {"paths": [o["path"] for o in origins], "version": "MPICH Version:\t9.1", "origins": origins}
+    doctor.check_mpi_library(report, library, {})
+    (check,) = report.checks
+    assert check["status"] == status and all(word in check["detail"] for word in words), check

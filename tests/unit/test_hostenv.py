@@ -73,51 +73,25 @@ def test_the_sif_environment_runs_under_sh():
 # TFHPC_HOST_MPI
 
 
-def test_mpich_image_gets_a_libmpich_alias_first(tmp_path):
+def test_mpich_image_gets_the_host_library_directory_first(tmp_path):
+    """The MPICH images' mpi4py and Horovod load libmpi.so.12, the name the host library carries: no alias needed."""
     libdir = fake_mpi(tmp_path / "impi", "libmpi.so.12", "libmpi_abi.so")
     environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "impi"), "LD_LIBRARY_PATH": "/.singularity.d/libs",
                "OPAL_PREFIX": "/host/site"}
-    changes = hostenv.apply(environ, family="mpich", alias_base=tmp_path)
-    alias_dir, first, rest = environ["LD_LIBRARY_PATH"].split(":")
-    assert first == str(libdir) and rest == "/.singularity.d/libs"
-    assert os.readlink(os.path.join(alias_dir, "libmpich.so.12")) == str(libdir / "libmpi.so.12")
-    assert os.readlink(os.path.join(alias_dir, "libmpi_abi.so")) == str(libdir / "libmpi_abi.so")  # mirrored
+    changes = hostenv.apply(environ, family="mpich")
+    assert environ["LD_LIBRARY_PATH"] == f"{libdir}:/.singularity.d/libs"
     assert environ["OPAL_PREFIX"] == "/host/site"  # host-MPI mode keeps the host's variables
     assert changes[hostenv.LIBDIR_VARIABLE] == str(libdir)
+    assert not list(tmp_path.glob("tfhpc-hostmpi-*"))
     again = dict(environ)
-    hostenv.apply(again, family="mpich", alias_base=tmp_path)
+    hostenv.apply(again, family="mpich")
     assert again["LD_LIBRARY_PATH"] == environ["LD_LIBRARY_PATH"]  # no duplicates when applied twice
-
-
-def test_the_mirror_resolves_origin_relative_directories(tmp_path):
-    libdir = fake_mpi(tmp_path / "mpich", "libmpi.so.12")
-    (libdir / "mpich").mkdir()
-    (libdir / "mpich" / "libfabric.so.1").write_text("")
-    alias = hostenv.alias_directory(libdir, tmp_path)
-    assert (alias / "mpich" / "libfabric.so.1").exists()  # $ORIGIN/mpich seen from the alias's directory
-    assert sorted(p.name for p in alias.iterdir()) == ["libmpi.so.12", "libmpich.so.12", "mpich"]
-
-
-def test_a_host_library_named_as_debian_names_it_is_used_as_is(tmp_path):
-    libdir = fake_mpi(tmp_path / "debian-mpich", "libmpi.so.12", "libmpich.so.12")
-    alias = hostenv.alias_directory(libdir, tmp_path)
-    assert os.readlink(alias / "libmpich.so.12") == str(libdir / "libmpich.so.12")
-
-
-def test_alias_is_replaced_when_the_host_library_moves(tmp_path):
-    first = fake_mpi(tmp_path / "a", "libmpi.so.12")
-    alias = hostenv.alias_directory(first, tmp_path)
-    link = alias / "libmpich.so.12"
-    link.unlink()
-    link.symlink_to("/elsewhere/libmpi.so.12")
-    assert hostenv.alias_directory(first, tmp_path) == alias
-    assert os.readlink(link) == str(first / "libmpi.so.12")
 
 
 def test_openmpi_image_takes_a_host_open_mpi_and_its_prefix(tmp_path):
     libdir = fake_mpi(tmp_path / "ompi5", "libmpi.so.40")
     environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "ompi5")}
-    hostenv.apply(environ, family="openmpi", alias_base=tmp_path)
+    hostenv.apply(environ, family="openmpi")
     assert environ["LD_LIBRARY_PATH"] == str(libdir)
     assert environ["OPAL_PREFIX"] == str(tmp_path / "ompi5")
 
@@ -129,7 +103,7 @@ def test_openmpi_image_takes_a_host_open_mpi_and_its_prefix(tmp_path):
 def test_a_library_of_the_other_abi_is_refused_in_one_line(tmp_path, family, present, words):
     fake_mpi(tmp_path / "host", present, sub="lib64")
     with pytest.raises(hostenv.HostMPIError) as error:
-        hostenv.prepare({hostenv.HOST_MPI_VARIABLE: str(tmp_path / "host")}, family=family, alias_base=tmp_path)
+        hostenv.prepare({hostenv.HOST_MPI_VARIABLE: str(tmp_path / "host")}, family=family)
     message = str(error.value)
     assert "\n" not in message and all(word in message for word in words), message
 
@@ -149,7 +123,7 @@ def test_a_prefix_without_any_mpi_library_is_refused(tmp_path):
 
 
 def test_image_family_from_its_variable_or_the_library_it_carries(tmp_path):
-    fake_mpi(tmp_path, "libmpich.so.12", sub="usr/lib/x86_64-linux-gnu")
+    fake_mpi(tmp_path, "libmpich.so.12", "libmpi.so.12", sub="usr/lib/x86_64-linux-gnu")
     assert hostenv.image_mpi_family([f"{tmp_path}/usr/lib/*-linux-gnu"], environ={}) == "mpich"
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={}) is None
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={"TFHPC_MPI": "openmpi"}) == "openmpi"
@@ -164,8 +138,8 @@ def test_host_libs_follow_the_host_mpi(tmp_path):
     fabric = fake_mpi(tmp_path / "libfabric", "libfabric.so.1", sub="lib64")
     environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "mpich"), hostenv.HOST_LIBS_VARIABLE: str(fabric),
                "LD_LIBRARY_PATH": "/.singularity.d/libs"}
-    hostenv.apply(environ, family="mpich", alias_base=tmp_path)
-    assert environ["LD_LIBRARY_PATH"].split(":")[1:] == [str(libdir), str(fabric), "/.singularity.d/libs"]
+    hostenv.apply(environ, family="mpich")
+    assert environ["LD_LIBRARY_PATH"].split(":") == [str(libdir), str(fabric), "/.singularity.d/libs"]
 
 
 def test_host_libs_alone_go_first_for_the_images_mpi(tmp_path):

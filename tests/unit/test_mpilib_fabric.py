@@ -34,6 +34,42 @@ def test_loaded_view_of_a_swapped_mpich_abi_library():
     assert "libfabric provider libraries tcp" in mpilib.describe_transport(view, environ={})
 
 
+# A host MPICH-ABI library bound over the image's libmpi.so.12 by a site's MPI hook (docker -v, apptainer -B): the
+# mount point in the container, the host file as the root of the mount.
+MOUNTINFO = """\
+600 500 0:50 / / rw,relatime - overlay overlay rw,lowerdir=/var/lib/docker/l1
+601 600 8:1 /w/site\\040mpi/mpich-9.1/lib/libmpi.so.12 /usr/lib/x86_64-linux-gnu/libmpi.so.12 ro,relatime - ext4 /dev/sda1 rw
+602 600 8:1 /work/site-mpi /opt/site-mpi ro,relatime - ext4 /dev/sda1 rw
+603 600 0:51 / /proc rw,nosuid - proc proc rw
+"""
+
+
+def test_a_library_mounted_over_the_images_is_named_by_its_host_file():
+    mounts = mpilib.mount_points(MOUNTINFO)
+    assert mounts["/usr/lib/x86_64-linux-gnu/libmpi.so.12"] == (
+        "/w/site mpi/mpich-9.1/lib/libmpi.so.12", "/dev/sda1")
+    origin = mpilib.library_origin("/usr/lib/x86_64-linux-gnu/libmpi.so.12", mounts)
+    assert origin == ("mounted", "/w/site mpi/mpich-9.1/lib/libmpi.so.12 (/dev/sda1)")
+    # maps names the link's target when the mount went over the file a link resolves to
+    assert mpilib.library_origin("/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", mounts,
+                                 "/usr/lib/x86_64-linux-gnu/libmpi.so.12")[0] == "mounted"
+
+
+def test_the_images_library_and_one_from_ld_library_path_are_told_apart():
+    mounts = mpilib.mount_points(MOUNTINFO)
+    assert mpilib.library_origin("/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", mounts) == (
+        "image", "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0")
+    assert mpilib.library_origin("/opt/site-mpi/mpich-9.1/lib/libmpi.so.12", mounts)[0] == "elsewhere"
+
+
+def test_origins_reads_this_process_mounts(tmp_path):
+    (tmp_path / "mountinfo").write_text(MOUNTINFO)
+    found = mpilib.origins(["/usr/lib/x86_64-linux-gnu/libmpi.so.12"], tmp_path / "mountinfo")
+    assert found == [{"path": "/usr/lib/x86_64-linux-gnu/libmpi.so.12", "origin": "mounted",
+                      "from": "/w/site mpi/mpich-9.1/lib/libmpi.so.12 (/dev/sda1)"}]
+    assert mpilib.origins(["/x/libmpi.so.12"], tmp_path / "missing")[0]["origin"] == "elsewhere"
+
+
 # ------------------------------------------------------------------------------------------------------------------ #
 # libfabric providers
 

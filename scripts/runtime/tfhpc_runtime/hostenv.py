@@ -15,10 +15,10 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
 2. TFHPC_HOST_MPI=<prefix> (a directory the runtime mounts into the container) puts that MPI's library first on
    LD_LIBRARY_PATH, after checking that it has the image's ABI: MPICH images need `libmpi.so.12` (the MPICH ABI:
    MPICH, Intel MPI, Cray MPICH, MVAPICH), Open MPI images `libmpi.so.40`. The MPICH images' mpi4py and Horovod
-   link Debian's soname `libmpich.so.12`, which no other MPICH-ABI library carries, so a private directory with a
-   `libmpich.so.12` alias of the host's `libmpi.so.12` goes first. In that mode host install variables are kept
-   (they are the host MPI's), and OPAL_PREFIX defaults to the prefix for an Open MPI. A prefix that is missing or of
-   the wrong ABI is one line (HostMPIError) and a non-zero exit, never the image's MPI kept silently.
+   load their MPI by that name (containers/mpi/Dockerfile: mpi-relink), so the host's directory first is all it
+   takes, as with a site's own MPI hook. In that mode host install variables are kept (they are the host MPI's), and
+   OPAL_PREFIX defaults to the prefix for an Open MPI. A prefix that is missing or of the wrong ABI is one line
+   (HostMPIError) and a non-zero exit, never the image's MPI kept silently.
 3. TFHPC_HOST_LIBS=<dir>[:<dir>...]: host library directories put next on LD_LIBRARY_PATH (after the host MPI's, if
    any): what the host MPI needs from elsewhere (libfabric, libcxi, PMI), or, alone, a host libfabric in place of the
    image's for the image's own MPI (the model of the CSCS Container Engine's CXI hook). Each must exist.
@@ -32,9 +32,7 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
    MPIR_pmi_init. MPI libraries without that variable (Intel MPI, Cray MPICH, Open MPI) ignore it.
 """
 import glob
-import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -53,9 +51,8 @@ _INSTALL_DIRS = ("PREFIX", "EXEC_PREFIX", "BINDIR", "LIBDIR", "DATADIR", "SYSCON
 HOST_INSTALL_VARIABLES = (*(f"{family}_{name}" for family in ("OPAL", "PMIX", "PRTE") for name in _INSTALL_DIRS),
                           "PMIX_INSTALL_PREFIX", "PYTHONHOME")
 
-# The MPI library sonames of the two ABI families, and what each image's bindings link.
+# The MPI library sonames of the two ABI families, which the images' bindings (mpi4py, Horovod) also load.
 ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
-IMAGE_SONAMES = {"mpich": "libmpich.so.12", "openmpi": "libmpi.so.40"}
 FAMILY_NAMES = {"mpich": "the MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
 LIBRARY_SUBDIRS = ("lib", "lib64", "lib/release", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
 SYSTEM_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/*-linux-gnu")
@@ -68,11 +65,11 @@ class HostMPIError(Exception):
 def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS, environ=os.environ):
     """'mpich' or 'openmpi': which MPI the image's bindings link (TFHPC_MPI, which the mpi layer sets, else the
     library the image carries), or None."""
-    if environ.get("TFHPC_MPI") in IMAGE_SONAMES:
+    if environ.get("TFHPC_MPI") in ABI_SONAMES:
         return environ["TFHPC_MPI"]
     for family in ("mpich", "openmpi"):
         for pattern in system_dirs:
-            if any(Path(d, IMAGE_SONAMES[family]).exists() for d in glob.glob(pattern)):
+            if any(Path(d, ABI_SONAMES[family]).exists() for d in glob.glob(pattern)):
                 return family
     return None
 
@@ -112,43 +109,13 @@ def host_library_dir(prefix, family):
                        f"above lib/) of an MPI of {FAMILY_NAMES[family]}")
 
 
-def _link(link, target):
-    """`link` -> `target`, replaced atomically (symlink under a temporary name, then rename) unless already so."""
-    if link.is_symlink() and os.readlink(link) == str(target):
-        return
-    temporary = link.with_name(f".{link.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    temporary.symlink_to(target)
-    os.replace(temporary, link)
-
-
-def alias_directory(library_dir, base=None):
-    """A private directory mirroring the host's library directory (a symlink per entry) plus `libmpich.so.12` ->
-    its `libmpi.so.12`; created once per host library directory and user, without races between ranks that start
-    together. A mirror, not a lone alias: the dynamic loader takes $ORIGIN from the path it opened, the alias's, and
-    the host library's RUNPATH ($ORIGIN/mpich in PyPI's MPICH, for its own libfabric) must resolve there too
-    (measured: with a lone alias, the PyPI MPICH loaded the image's libfabric and failed on `FABRIC_1.9`)."""
-    base = Path(base or tempfile.gettempdir())
-    digest = hashlib.sha256(str(library_dir).encode()).hexdigest()[:12]
-    directory = base / f"tfhpc-hostmpi-{os.getuid()}-{digest}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    if directory.is_symlink() or directory.stat().st_uid != os.getuid():
-        raise HostMPIError(f"{directory} belongs to another user: set TMPDIR to a private directory")
-    entries = sorted(p.name for p in Path(library_dir).iterdir() if not p.name.startswith("."))
-    for name in entries:
-        _link(directory / name, Path(library_dir) / name)
-    if IMAGE_SONAMES["mpich"] not in entries:
-        _link(directory / IMAGE_SONAMES["mpich"], Path(library_dir) / ABI_SONAMES["mpich"])
-    return directory
-
-
 def _prepend_path(value, *entries):
     parts = [p for p in (value or "").split(":") if p]
     new = [str(e) for e in entries]
     return ":".join(new + [p for p in parts if p not in new])
 
 
-def prepare(environ, family=None, alias_base=None):
+def prepare(environ, family=None):
     """The changes to make to `environ` (a mapping) before a command of the image runs: {name: value or None for
     unset}. Raises HostMPIError for a TFHPC_HOST_MPI that cannot be honoured."""
     changes = {}
@@ -175,15 +142,12 @@ def prepare(environ, family=None, alias_base=None):
     check_prefix(prefix)
     family = family or image_mpi_family()
     if family is None:
-        raise HostMPIError(f"{HOST_MPI_VARIABLE} is set, but this image carries neither libmpich.so.12 nor "
+        raise HostMPIError(f"{HOST_MPI_VARIABLE} is set, but this image carries neither libmpi.so.12 nor "
                            "libmpi.so.40: it has no MPI to replace")
     library_dir = host_library_dir(prefix, family)
-    entries = [library_dir]
-    if family == "mpich":
-        entries.insert(0, alias_directory(library_dir, alias_base))
-    elif not environ.get("OPAL_PREFIX"):
+    if family == "openmpi" and not environ.get("OPAL_PREFIX"):
         changes["OPAL_PREFIX"] = prefix   # a relocated Open MPI (a wheel, a moved tree) finds its files by it
-    changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), *entries, *host_libs)
+    changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), library_dir, *host_libs)
     changes[LIBDIR_VARIABLE] = str(library_dir)
     return changes
 

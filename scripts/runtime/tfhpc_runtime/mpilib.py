@@ -3,7 +3,9 @@ process's own memory map (/proc/self/maps) after MPI_Init. The doctor's probe ca
 tested on the host (tests/unit/test_mpilib_fabric.py).
 
 The MPI library by path is the proof that a host MPI (TFHPC_HOST_MPI) replaced the image's: a library of the same
-name under /usr/lib means the swap did not happen, whatever LD_LIBRARY_PATH says.
+name under /usr/lib means the swap did not happen, whatever LD_LIBRARY_PATH says, unless a site's MPI hook mounted
+the host's library over the image's file there (Sarus, Shifter, `apptainer -B host.so:container-path`, `docker -v`):
+/proc/self/mountinfo then lists that path as a mount point and names the file it came from (library_origin).
 """
 import ctypes
 import os
@@ -49,6 +51,57 @@ def loaded_view(paths):
         elif _soname_base(name) in FABRIC_LIBRARIES:
             view["fabric"][FABRIC_LIBRARIES[_soname_base(name)]] = path
     return view
+
+
+# Where the image's own libraries live: a library loaded from elsewhere was put first by LD_LIBRARY_PATH (a host MPI).
+IMAGE_LIBRARY_DIRS = ("/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/")
+
+
+def _unescape(field):
+    """A path field of /proc/PID/mountinfo: blanks, tabs, newlines and backslashes are octal escapes there."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_points(mountinfo_text):
+    """{mount point: (root within its file system, source)} from the text of /proc/PID/mountinfo; for a file
+    bind-mounted from the host, the root is the host file's path within its file system."""
+    mounts = {}
+    for line in mountinfo_text.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:] or len(fields) < 7:
+            continue
+        separator = fields.index("-", 6)
+        source = fields[separator + 2] if len(fields) > separator + 2 else ""
+        mounts[_unescape(fields[4])] = (_unescape(fields[3]), source)
+    return mounts
+
+
+def library_origin(path, mounts, resolved=None):
+    """Where the library `path` (as /proc/self/maps names it) comes from: ('mounted', 'root (source)') when the file,
+    or the file a link at that path resolves to (`resolved`), is itself a mount point (a host library bound over the
+    image's); ('image', path) under the image's library directories; ('elsewhere', path) otherwise (LD_LIBRARY_PATH
+    or TFHPC_HOST_MPI put a directory first)."""
+    for candidate in dict.fromkeys([path, resolved or path]):
+        if candidate in mounts:
+            root, source = mounts[candidate]
+            return "mounted", f"{root} ({source})" if source else root
+    if path.startswith(IMAGE_LIBRARY_DIRS):
+        return "image", path
+    return "elsewhere", path
+
+
+def origins(paths, mountinfo_path="/proc/self/mountinfo"):
+    """[{'path', 'origin', 'from'}] of each loaded MPI library (library_origin), read in this process."""
+    try:
+        mounts = mount_points(Path(mountinfo_path).read_text())
+    except OSError:
+        mounts = {}
+    found = []
+    for path in paths:
+        resolved = os.path.realpath(path) if os.path.exists(path) else path
+        origin, source = library_origin(path, mounts, resolved)
+        found.append({"path": path, "origin": origin, "from": source})
+    return found
 
 
 def describe_transport(view, environ=os.environ):

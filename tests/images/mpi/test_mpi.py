@@ -1,8 +1,10 @@
 """Checks of the mpi layer, run on mpi and every image built on it."""
 import re
 
+import pytest
+
 from conftest import run_ranks
-from support.stack import CONFIG
+from support.stack import CONFIG, MANIFEST
 from tfhpc.manifest import upstream_version
 
 EXPECTED_MPI_VERSION = upstream_version(CONFIG.os["mpi"][CONFIG.mpi]["package_version"])
@@ -23,8 +25,28 @@ def test_mpi4py_uses_the_same_mpi_library(host, image_layer):
     assert ("Open MPI" if CONFIG.mpi == "openmpi" else "MPICH") in library
     assert VERSION.search(library).group(1) == EXPECTED_MPI_VERSION, library
     linked = host.check_output("ldd $(python -c 'import mpi4py.MPI as m; print(m.__file__)') | grep -E 'libmpi'")
-    assert ("libmpi.so.40" if CONFIG.mpi == "openmpi" else "libmpich.so.12") in linked
+    assert "libmpi.so.40" in linked if CONFIG.mpi == "openmpi" else "libmpi.so.12 => " in linked, linked
     assert CONFIG.versions["mpi4py"] == host.check_output("python -c 'import mpi4py; print(mpi4py.__version__)'")
+
+
+@pytest.mark.skipif(CONFIG.mpi != "mpich", reason="the MPICH images only: libmpi.so.12 is the MPICH ABI's name")
+def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer):
+    """mpi4py and Horovod name their MPI libmpi.so.12, the MPICH ABI Compatibility Initiative's name, a link to Debian's
+    libmpich.so.12: the name a site's MPI hook binds a host library over or puts first on LD_LIBRARY_PATH
+    (containers/mpi/Dockerfile). Nothing in /opt/venv loads libmpich.so.12, not even through another library."""
+    link = host.check_output("find /usr/lib -maxdepth 2 -name libmpi.so.12 -printf '%h %l\\n'").splitlines()
+    assert link == ["/usr/lib/x86_64-linux-gnu libmpich.so.12"], link
+    # Candidates: every shared object that mentions an MPI library (patchelf may leave the old name's bytes behind).
+    candidates = host.check_output("grep -rlaE --include='*.so*' 'libmpi(ch)?\\.so\\.12' /opt/venv").split()
+    modules = [path for path in candidates if "/mpi4py/MPI." in path or "/horovod/tensorflow/mpi_lib" in path]
+    assert any("/mpi4py/MPI." in path for path in modules), candidates
+    if image_layer in MANIFEST.layers.descendants("horovod"):
+        assert any("/horovod/tensorflow/mpi_lib" in path for path in modules), candidates
+    for path in candidates:
+        linked = host.check_output(f"ldd {path}")
+        assert "libmpich.so.12" not in linked, f"{path} still loads libmpich.so.12:\n{linked}"
+        if path in modules:
+            assert re.search(r"libmpi\.so\.12 => (/usr)?/lib/x86_64-linux-gnu/libmpi\.so\.12 ", linked), linked
 
 
 def test_two_rank_mpi4py_allreduce(host, image_layer):

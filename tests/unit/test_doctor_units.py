@@ -135,3 +135,16 @@ def test_doctor_reports_single_copy_and_how_to_get_it(monkeypatch, tmp_path):
     assert "--cap-add SYS_PTRACE" in refused["fix"]
     forced = single_copy_check({"TFHPC_SINGLE_COPY": "cma"}, monkeypatch, conf)   # the file's none, CMA allowed
     assert forced["status"] == "warn" and "unset" in forced["fix"]
+
+
+def test_keras_names_both_kerases_and_the_patches(tmp_path, monkeypatch):
+    doctor = load_doctor()
+    (tmp_path / "0001-mwms-first-batch-build.patch").write_text("")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    report = doctor.Report()
+    doctor.check_keras(report, {"keras": "3.15.1", "tf_keras": ["tf_keras", "2.21.0"]}, patch_dir=str(tmp_path))
+    doctor.check_keras(report, {}, patch_dir=str(tmp_path))  # no probe (it failed): nothing said
+    [check] = report.checks
+    assert check["status"] == "info"
+    assert check["detail"].startswith("`import keras` is Keras 3.15.1 (patched: 0001-mwms-first-batch-build.patch); "
+                                      "tf.keras is tf_keras 2.21.0 (TF_USE_LEGACY_KERAS=1)")

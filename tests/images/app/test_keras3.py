@@ -12,8 +12,8 @@ Each script runs once, on 2 ranks (MultiWorkerMirroredStrategy: 2 workers on loc
 - horovod.tensorflow.keras.DistributedOptimizer + BroadcastGlobalVariablesCallback + MetricAverageCallback: the loss
   falls, the weights are bit-equal, the epoch losses are the average of the ranks' own, and the model rank 0 saves
   loads without Horovod as Keras' own SGD.
-Without a patch (a copy of the installed package with that patch reversed, first on PYTHONPATH), the same script
-fails with the error the patch's header names.
+Without a patch (a copy of the installed package, as symbolic links, with that patch reversed, first on PYTHONPATH),
+the same script fails with the error the patch's header names.
 
 These tests live with the app layer, although the Keras patches are the tensorflow layer's: the scripts need
 Horovod and the MWMS launcher, and a run on every image below would multiply the time for no new coverage.
@@ -33,10 +33,11 @@ PURELIB = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\
 
 pytestmark = pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
 
-# Reverses a unified diff in place under a directory, in Python (the image has no `patch`): each hunk's new text must
-# occur exactly once in its file and becomes the old text.
+# Reverses a unified diff under a directory of symbolic links to the installed package (cp -rs), in Python (the image
+# has no `patch`): each hunk's new text must occur exactly once in its file and becomes the old text; a changed file
+# replaces its link, the installed file stays as it is.
 REVERSE = r"""
-import re, sys
+import os, re, sys
 patch, root = open(sys.argv[1]).read(), sys.argv[2]
 for section in re.split(r'^--- a/', patch, flags=re.M)[1:]:
     path = section.splitlines()[1][len('+++ b/'):]
@@ -47,6 +48,7 @@ for section in re.split(r'^--- a/', patch, flags=re.M)[1:]:
         new = ''.join(line[1:] for line in lines if line[0] in ' +')
         assert text.count(new) == 1, (path, new)
         text = text.replace(new, old)
+    os.remove(f'{root}/{path}')
     open(f'{root}/{path}', 'w').write(text)
 """
 
@@ -167,7 +169,7 @@ def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     patch_dir = KERAS_PATCHES if package == "keras" else HOROVOD_PATCHES
     overlay = f"{work}/without-{patch.replace('/', '-')}"
     host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without && "
-                      f"cp -r {PURELIB}/{package} {overlay}/")
+                      f"cp -rs {PURELIB}/{package} {overlay}/")
     for name in reversed_patches:
         put(host, (patch_dir / name).read_text(), f"{overlay}/{name}")
         host.check_output(f"python -c {shlex.quote(REVERSE)} {overlay}/{name} {overlay}")

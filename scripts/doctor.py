@@ -42,6 +42,15 @@ info = tf.sysconfig.get_build_info()
 result["tf_cuda_build"] = bool(info.get("is_cuda_build"))
 result["tf_cuda_version"] = info.get("cuda_version")
 result["tf_cudnn_version"] = info.get("cudnn_version")
+# Which Keras each name resolves to (docs/keras.md): `import keras`, and tf.keras, which TF_USE_LEGACY_KERAS switches.
+import importlib
+try:
+    import keras
+    result["keras"] = keras.__version__
+except ImportError:
+    result["keras"] = None
+package = tf.keras.Model.__module__.split(".")[0]
+result["tf_keras"] = [package, importlib.import_module(package).__version__]
 # MPI first, through mpi4py (Horovod then reuses the initialised MPI), and not afterwards: calling MPI while
 # Horovod's background thread does crashes now and then (measured). Skipped when horovodrun --gloo launched us.
 gloo = os.environ.get("HOROVOD_CONTROLLER") == "gloo" or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
@@ -509,6 +518,24 @@ def check_build(report, probe, probe_error):
         report.add("build", "horovod", OK, detail)
 
 
+KERAS_PATCH_DIR = "/opt/tfhpc/patches/keras"
+
+
+def check_keras(report, probe, patch_dir=KERAS_PATCH_DIR):
+    """What `import keras` and `tf.keras` are, and the image's Keras patches (docs/keras.md)."""
+    if "tf_keras" not in probe:
+        return
+    package, version = probe["tf_keras"]
+    patches = sorted(name for name in (os.listdir(patch_dir) if os.path.isdir(patch_dir) else ())
+                     if name.endswith(".patch"))
+    keras = (f"`import keras` is Keras {probe['keras']}" if probe.get("keras") else "no top-level keras") + \
+        (f" (patched: {', '.join(patches)})" if patches else "")
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+    report.add("build", "keras", INFO, f"{keras}; tf.keras is {package} {version}" +
+               (f" (TF_USE_LEGACY_KERAS={legacy})" if legacy else "") +
+               "; a model, its optimizer and its callbacks must come from the same one")
+
+
 def launcher_fds(environ=os.environ):
     """File descriptors the launcher handed this rank, which the probe (a child) must inherit to wire MPI up: the PMI-1
     socket of MPICH's and Intel MPI's hydra (PMI_FD); subprocess closes every other descriptor."""
@@ -570,6 +597,7 @@ def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
     tf_config = check_tf_config(report, launch)
     check_proxies(report, tf_config)
     check_build(report, probe, probe_error)
+    check_keras(report, probe)
     report.facts["probe"] = probe
     return report, launch
 

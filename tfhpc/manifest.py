@@ -13,6 +13,9 @@ from .common import REPO_ROOT, UserError
 
 MANIFEST_PATH = REPO_ROOT / "versions.toml"
 LAYERS_PATH = REPO_ROOT / "containers" / "layers.toml"
+# Patches to upstream, one file per fix, listed per stack in versions.toml (horovod_patches, keras_patches)
+HOROVOD_PATCH_DIR = REPO_ROOT / "containers" / "horovod" / "patches"
+KERAS_PATCH_DIR = REPO_ROOT / "containers" / "tensorflow" / "patches" / "keras"
 BASE_SOURCES = ("auto", "registry", "debootstrap")
 IMAGE_PREFIX = "tfhpc"
 LABEL_PREFIX = "io.tfhpc"
@@ -124,6 +127,8 @@ class Config:
     # Bounds the image's venv must meet beyond the pinned packages' own requirements (tfhpc/lock.py applies them)
     lock_constraints: tuple[str, ...] = ()
     cyclonedx_bom: str = ""  # the SBOM generator's version (a build tool, never in an image)
+    # Patches to the installed Keras 3 (containers/tensorflow/patches/keras), applied in this order
+    keras_patches: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -169,6 +174,7 @@ class Config:
             "TF_USE_LEGACY_KERAS": "1" if v.get("tf_keras") else "0",
             "HOROVOD_VERSION": v["horovod"],
             "HOROVOD_PATCHES": " ".join(self.horovod_patches),
+            "KERAS_PATCHES": " ".join(self.keras_patches),
             "TENSORBOARD_VERSION": v["tensorboard"],
             "MATPLOTLIB_VERSION": v["matplotlib"],
             "SCIKIT_LEARN_DIGITS_VERSION": self.scikit_learn_digits,
@@ -218,6 +224,8 @@ class Config:
             labels["org.opencontainers.image.created"] = created
         if self.horovod_patches:
             labels[f"{LABEL_PREFIX}.horovod.patches"] = " ".join(self.horovod_patches)
+        if self.keras_patches and "tensorflow" in self.layers.chain(layer):
+            labels[f"{LABEL_PREFIX}.keras.patches"] = " ".join(self.keras_patches)
         for component, version in self.component_versions(layer).items():
             labels[f"{LABEL_PREFIX}.{component}.version"] = version
         return labels
@@ -269,10 +277,12 @@ class Manifest:
             if not spec.get(key):
                 raise UserError(f"{self.path}: stack '{stack}' has no '{key}' version: add it")
         patches = tuple(spec.get("horovod_patches", ())) + (tuple(spec.get("horovod_gpu_patches", ())) if gpu else ())
-        patch_dir = REPO_ROOT / "containers" / "horovod" / "patches"
-        for patch in patches:
-            if not (patch_dir / patch).is_file():
-                raise UserError(f"{self.path}: patch '{patch}' of stack '{stack}' is not in {patch_dir}: add or unlist it")
+        keras_patches = tuple(spec.get("keras_patches", ()))
+        for patch_dir, listed in ((HOROVOD_PATCH_DIR, patches), (KERAS_PATCH_DIR, keras_patches)):
+            for patch in listed:
+                if not (patch_dir / patch).is_file():
+                    raise UserError(f"{self.path}: patch '{patch}' of stack '{stack}' is not in {patch_dir}: "
+                                    "add or unlist it")
         if not self.data.get("sbom", {}).get("cyclonedx_bom"):
             raise UserError(f"{self.path}: [sbom] has no 'cyclonedx_bom' version (the SBOM generator): add it")
         versions = {key: str(spec[key]) for key in ("tensorflow", "tf_keras", "horovod", "mpi4py", "tensorboard",
@@ -292,6 +302,7 @@ class Manifest:
             scikit_learn_digits=str(spec.get("scikit_learn_digits", "")),
             lock_constraints=tuple(spec.get("lock_constraints", ())),
             cyclonedx_bom=str(self.data.get("sbom", {}).get("cyclonedx_bom", "")),
+            keras_patches=keras_patches,
         )
 
 

@@ -28,6 +28,7 @@ from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE, file_name
 PROVENANCE_DIR = REPO_ROOT / "build" / "provenance"
 LOCKS_DIR = REPO_ROOT / "locks"
 PATCH_DIR = REPO_ROOT / "containers" / "horovod" / "patches"
+KERAS_PATCH_DIR = REPO_ROOT / "containers" / "tensorflow" / "patches" / "keras"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 MEDIA_TYPE = "application/vnd.in-toto+json"
@@ -56,7 +57,7 @@ def _file_material(path: Path) -> dict:
 
 
 def source_materials(config: Config) -> list[dict]:
-    """The checkout's commit, versions.toml, the stack's Horovod patches and every lock file."""
+    """The checkout's commit, versions.toml, the stack's Horovod and Keras patches and every lock file."""
     head, dirty = git_head()
     materials = []
     if head:
@@ -64,6 +65,7 @@ def source_materials(config: Config) -> list[dict]:
                           "annotations": {"imageSourcesCommit": git_revision(), "uncommittedImageSources": dirty}})
     materials.append(_file_material(MANIFEST_PATH))
     materials += [_file_material(PATCH_DIR / patch) for patch in config.horovod_patches]
+    materials += [_file_material(KERAS_PATCH_DIR / patch) for patch in config.keras_patches]
     if LOCKS_DIR.is_dir():
         materials += [_file_material(path) for path in sorted(LOCKS_DIR.rglob("*")) if path.is_file()]
     return materials

@@ -160,3 +160,16 @@ def test_without_tfhpc_host_mpi_the_doctor_names_a_hooks_host_library(monkeypatc
     doctor.check_mpi_library(report, library, {})
     (check,) = report.checks
     assert check["status"] == status and all(word in check["detail"] for word in words), check
+
+
+def test_keras_names_both_kerases_and_the_patches(tmp_path, monkeypatch):
+    doctor = load_doctor()
+    (tmp_path / "0001-mwms-first-batch-build.patch").write_text("")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    report = doctor.Report()
+    doctor.check_keras(report, {"keras": "3.99.1", "tf_keras": ["tf_keras", "9.8.7"]}, patch_dir=str(tmp_path))
+    doctor.check_keras(report, {}, patch_dir=str(tmp_path))  # no probe (it failed): nothing said
+    [check] = report.checks
+    assert check["status"] == "info"
+    assert check["detail"].startswith("`import keras` is Keras 3.99.1 (patched: 0001-mwms-first-batch-build.patch); "
+                                      "tf.keras is tf_keras 9.8.7 (TF_USE_LEGACY_KERAS=1)")

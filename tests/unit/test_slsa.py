@@ -77,17 +77,19 @@ def test_source_materials_are_the_commit_the_manifest_the_patches_and_every_lock
     (tmp_path / "locks" / "base.txt").write_text("pip==25.0\n")
     (tmp_path / "versions.toml").write_bytes((REPO_ROOT / "versions.toml").read_bytes())
     shutil.copytree(REPO_ROOT / "containers" / "horovod" / "patches", tmp_path / "patches")
+    shutil.copytree(REPO_ROOT / "containers" / "tensorflow" / "patches" / "keras", tmp_path / "keras-patches")
     monkeypatch.setattr(slsa, "REPO_ROOT", tmp_path)
     monkeypatch.setattr(slsa, "LOCKS_DIR", tmp_path / "locks")
     monkeypatch.setattr(slsa, "MANIFEST_PATH", tmp_path / "versions.toml")
     monkeypatch.setattr(slsa, "PATCH_DIR", tmp_path / "patches")
+    monkeypatch.setattr(slsa, "KERAS_PATCH_DIR", tmp_path / "keras-patches")
     monkeypatch.setattr(slsa, "git_head", lambda: ("a" * 40, True))
     monkeypatch.setattr(slsa, "git_revision", lambda: "b" * 12)
     found = {m["name"]: m for m in slsa.source_materials(CONFIG)}
     assert found.pop("git") == {"name": "git", "digest": {"gitCommit": "a" * 40},
                                 "annotations": {"imageSourcesCommit": "b" * 12, "uncommittedImageSources": True}}
-    expected = ["versions.toml", *(f"patches/{patch}" for patch in CONFIG.horovod_patches), "locks/base.txt",
-                "locks/latest/app.txt"]
+    expected = ["versions.toml", *(f"patches/{patch}" for patch in CONFIG.horovod_patches),
+                *(f"keras-patches/{patch}" for patch in CONFIG.keras_patches), "locks/base.txt", "locks/latest/app.txt"]
     assert found == {name: {"name": name, "digest": {"sha256": sha256(tmp_path / name)}} for name in expected}
 
 

@@ -39,24 +39,27 @@ def test_derived_image_adds_the_package_and_keeps_the_images(docker_client, imag
     assert out.strip().endswith(CONFIG.versions["tensorflow"])
 
 
+def with_pip(docker_client, image, script):
+    """`script` run by sh in a container of `image`, pip reaching PyPI (the host's CA bundle mounted for a proxy)."""
+    ca = resolve_ca_bundle(default_ca_bundle())
+    volumes = {str(ca): {"bind": "/tmp/ca.pem", "mode": "ro"}} if ca else {}
+    return docker_client.containers.run(image, ["sh", "-c", script], entrypoint=[], remove=True, stderr=True,
+                                        volumes=volumes, environment={"PIP_CERT": "/tmp/ca.pem"} if ca else {}).decode()
+
+
 def test_a_requirement_that_replaces_an_image_package_is_refused(docker_client, image, image_layer):
     """The constraint step of the example, with a requirement on another numpy: pip stops before installing."""
-    ca = resolve_ca_bundle(default_ca_bundle())
-    script = ("pip list --format=freeze > /tmp/image.txt && numpy=$(grep -i '^numpy==' /tmp/image.txt) && "
-              "python -m venv --system-site-packages /tmp/venv && "
-              "/tmp/venv/bin/pip install --constraint /tmp/image.txt \"numpy!=${numpy#*==}\"; echo status=$?")
-    volumes = {str(ca): {"bind": "/tmp/ca.pem", "mode": "ro"}} if ca else {}
-    out = docker_client.containers.run(image, ["sh", "-c", script], entrypoint=[], remove=True, stderr=True,
-                                       volumes=volumes, environment={"PIP_CERT": "/tmp/ca.pem"} if ca else {}).decode()
+    out = with_pip(docker_client, image,
+                   "pip list --format=freeze > /tmp/image.txt && numpy=$(grep -i '^numpy==' /tmp/image.txt) && "
+                   "python -m venv --system-site-packages /tmp/venv && "
+                   "/tmp/venv/bin/pip install --constraint /tmp/image.txt \"numpy!=${numpy#*==}\"; echo status=$?")
     assert "status=1" in out and ("ResolutionImpossible" in out or "conflict" in out.lower()), out[-2000:]
 
 
 def test_stacked_venv_sees_the_image_and_adds_to_it(docker_client, image, image_layer):
-    ca = resolve_ca_bundle(default_ca_bundle())
-    script = ("python -m venv --system-site-packages /tmp/venv && pip list --format=freeze > /tmp/image.txt && "
-              "/tmp/venv/bin/pip install --quiet --constraint /tmp/image.txt tabulate && "
-              "/tmp/venv/bin/python -c \"import tabulate, horovod.tensorflow, numpy; print('RESULT', numpy.__file__)\"")
-    volumes = {str(ca): {"bind": "/tmp/ca.pem", "mode": "ro"}} if ca else {}
-    out = docker_client.containers.run(image, ["sh", "-c", script], entrypoint=[], remove=True, volumes=volumes,
-                                       environment={"PIP_CERT": "/tmp/ca.pem"} if ca else {}).decode()
+    out = with_pip(docker_client, image,
+                   "python -m venv --system-site-packages /tmp/venv && pip list --format=freeze > /tmp/image.txt && "
+                   "/tmp/venv/bin/pip install --quiet --constraint /tmp/image.txt tabulate && "
+                   "/tmp/venv/bin/python -c \"import tabulate, horovod.tensorflow, numpy; "
+                   "print('RESULT', numpy.__file__)\"")
     assert "RESULT /opt/venv/lib/" in out  # numpy is the image's, not a second copy in the venv

@@ -58,7 +58,7 @@ def write_atomically(path: Path, data: bytes) -> Path:
 # What the images are built from (the build context is containers/, locks/ and scripts/, .dockerignore; the build
 # arguments come from versions.toml): the leaf image's revision and creation labels name the last commit that changed one of
 # them, so a commit elsewhere (docs, tests, tooling) leaves the image id, and the SIF converted from it, as they are.
-IMAGE_SOURCES = ("containers", "locks", "scripts", "versions.toml")
+IMAGE_SOURCES = ("containers", "examples", "locks", "scripts", "versions.toml")
 
 
 def _last_image_commit(sources: tuple[str, ...] = IMAGE_SOURCES) -> tuple[str, str]:

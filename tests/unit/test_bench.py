@@ -215,7 +215,8 @@ def test_ngc_ratio_is_not_a_goal_of_the_cpu_flavour(manifest, monkeypatch):
 def test_the_rebuild_copies_what_dockerignore_lets_into_the_context(tmp_path):
     from tfhpc import REPO_ROOT
     from tfhpc.bench.sections.footprint import context_paths
-    assert set(context_paths(REPO_ROOT / ".dockerignore")) == {"containers", "locks", "scripts", "tests/cluster/nodes"}
+    assert set(context_paths(REPO_ROOT / ".dockerignore")) == {"containers", "examples", "locks", "scripts",
+                                                               "tests/cluster/nodes"}
     ignore = tmp_path / ".dockerignore"
     ignore.write_text("*\n!a/\n!b/c/\n**/__pycache__\n!file.txt\n")
     assert context_paths(ignore) == ["a", "b/c"]

@@ -1,5 +1,5 @@
 """Keras 3 (`import keras`, the Keras of TensorFlow >= 2.16) on 2 ranks, with user scripts written from TensorFlow's
-multi-worker tutorial and Horovod's TensorFlow 2 examples (tests/user_scripts/keras3_*.py), and proof that each
+multi-worker tutorial and Horovod's TensorFlow 2 examples (examples/keras3_*.py), and proof that each
 patch of versions.toml's keras_patches and of the Keras 3 Horovod patches (0006, 0007) is needed.
 
 Each script runs once, on 2 ranks (MultiWorkerMirroredStrategy: 2 workers on localhost ports; Horovod: horovodrun
@@ -26,7 +26,7 @@ from conftest import CONFIG, run_ranks, script
 from tfhpc import REPO_ROOT
 
 WORK = "/tmp/tfhpc-keras3-tests"
-USER_SCRIPTS = REPO_ROOT / "tests" / "user_scripts"
+USER_SCRIPTS = REPO_ROOT / "examples"  # shipped in the image at /opt/tfhpc/examples
 KERAS_PATCHES = REPO_ROOT / "containers" / "tensorflow" / "patches" / "keras"
 HOROVOD_PATCHES = REPO_ROOT / "containers" / "horovod" / "patches"
 PURELIB = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
@@ -75,7 +75,7 @@ def hvd_loop(work):
 
 
 def hvd_fit(work, out_dir):
-    return f"horovodrun -np 2 python {work}/keras3_hvd_keras_fit.py {out_dir}"
+    return f"horovodrun -np 2 python {work}/keras3_hvd_fit.py {out_dir}"
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +177,23 @@ def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     output = result.stdout + result.stderr
     assert result.rc != 0, output[-3000:]
     assert error in output, output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def mwms_loop_reports(host, work):
+    return run_ranks(host, f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 "
+                           f"python {work}/keras3_mwms_custom_loop.py --epochs 3", 2)
+
+
+def test_mwms_custom_loop_learns_and_the_workers_agree(image_layer, mwms_loop_reports):
+    """examples/keras3_mwms_custom_loop.py: strategy.run of a GradientTape step, Keras 3 optimizer, 2 workers."""
+    assert [report["size"] for report in mwms_loop_reports] == [2, 2]
+    assert_learned_with_equal_weights(mwms_loop_reports)
+    assert mwms_loop_reports[0]["losses"] == mwms_loop_reports[1]["losses"]
+
+
+def test_the_image_ships_the_examples(host, image_layer):
+    """Every file of examples/ is in the image at /opt/tfhpc/examples, as committed."""
+    for path in sorted(p for p in (REPO_ROOT / "examples").rglob("*") if p.is_file()):
+        inside = f"/opt/tfhpc/examples/{path.relative_to(REPO_ROOT / 'examples')}"
+        assert host.file(inside).content_string == path.read_text(), inside

@@ -1,7 +1,8 @@
-"""A user's Keras 3 script in the shape of TensorFlow's "Multi-worker training with Keras" tutorial (nothing from
-tfhpc): `import keras`, MultiWorkerMirroredStrategy from TF_CONFIG, the model built and compiled in
-`strategy.scope()`, a tf.data pipeline of the global batch, a `.keras` ModelCheckpoint that only the chief keeps,
-then evaluate and predict. Run one process per worker, each with its TF_CONFIG:
+"""MultiWorkerMirroredStrategy with Keras 3 (`import keras`) and `model.fit`, in the shape of TensorFlow's
+"Multi-worker training with Keras" tutorial (nothing from tfhpc; shipped at /opt/tfhpc/examples): the strategy from
+TF_CONFIG, the model built and compiled in `strategy.scope()`, a tf.data pipeline of the global batch, a `.keras`
+ModelCheckpoint that only the chief keeps, then evaluate and predict. Run one process per worker, each with its
+TF_CONFIG (`tfhpc-launch-local-mwms -n 2 python keras3_mwms_fit.py OUT_DIR` sets it on one node):
 
     TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}' \
         python keras3_mwms_fit.py OUT_DIR

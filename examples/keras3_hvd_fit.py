@@ -1,9 +1,9 @@
-"""A user's Keras 3 script in the shape of Horovod's Keras example (examples/tensorflow2/tensorflow2_keras_mnist.py;
-nothing from tfhpc): `import keras` for the model and optimizer, horovod.tensorflow.keras for the
-DistributedOptimizer and the broadcast and metric-average callbacks, the model saved as `.keras` by rank 0 and
-loaded back without Horovod. Run it on 2 ranks:
+"""Horovod with Keras 3 (`import keras`) and `model.fit`, in the shape of Horovod's Keras example (nothing from
+tfhpc): the model and optimizer from Keras, horovod.tensorflow.keras for the DistributedOptimizer and the broadcast
+and metric-average callbacks, the model saved as `.keras` by rank 0 and loaded back without Horovod. Run it on 2
+ranks (shipped at /opt/tfhpc/examples):
 
-    horovodrun -np 2 python keras3_hvd_keras_fit.py OUT_DIR
+    horovodrun -np 2 python keras3_hvd_fit.py OUT_DIR        # or mpirun -np 2 ..., srun ...
 
 Every rank prints one "RESULT {json}" line: its epoch losses (averaged over the ranks by the callback), its own
 loss of the last epoch, and a digest of its weights.
@@ -18,7 +18,7 @@ import tensorflow as tf
 import keras
 import horovod.tensorflow.keras as hvd
 
-# Horovod: initialize Horovod.
+# Horovod: start Horovod (rank, size, the controller) before anything else uses it.
 hvd.init()
 out_dir = sys.argv[1]
 
@@ -30,11 +30,11 @@ dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().shuffle(1024, seed
 keras.utils.set_random_seed(hvd.rank())  # different initial weights per rank: only the broadcast makes them agree
 model = keras.Sequential([keras.Input(shape=(16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
 
-# Horovod: adjust learning rate based on number of workers.
+# Horovod: the averaged gradient of N ranks' batches is as noisy as one batch N times larger: scale the rate.
 scaled_lr = 0.02 * hvd.size()
 opt = keras.optimizers.SGD(learning_rate=scaled_lr)
 
-# Horovod: add Horovod DistributedOptimizer.
+# Horovod: the wrapped optimizer averages the gradients over the ranks before it applies them.
 opt = hvd.DistributedOptimizer(opt)
 
 model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer=opt,
@@ -51,17 +51,13 @@ class LastLoss(keras.callbacks.Callback):
 last_loss = LastLoss()
 callbacks = [
     last_loss,
-    # Horovod: broadcast initial variable states from rank 0 to all other processes.
-    # This is necessary to ensure consistent initialization of all workers when
-    # training is started with random weights or restored from a checkpoint.
+    # Horovod: rank 0's weights (random here, or restored) to every rank before the first step.
     hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-
-    # Horovod: average metrics among workers at the end of every epoch.
+    # Horovod: the epoch's metrics (loss, accuracy) as the mean over the ranks, not rank 0's alone.
     hvd.callbacks.MetricAverageCallback(),
 ]
 
-# Horovod: write logs on worker 0.
-verbose = 0
+verbose = 0  # Horovod: progress bars would come from every rank (rank 0 alone: 1 if hvd.rank() == 0 else 0)
 history = model.fit(dataset, steps_per_epoch=30, callbacks=callbacks, epochs=3, verbose=verbose)
 
 weights = model.get_weights()

@@ -1,8 +1,8 @@
-"""A user's Keras 3 script in the shape of Horovod's TensorFlow 2 example (examples/tensorflow2/tensorflow2_mnist.py;
-nothing from tfhpc): `import keras` for the model and optimizer, a custom training step with
-hvd.DistributedGradientTape, the variables broadcast from rank 0 after the first step. Run it on 2 ranks:
+"""Horovod with Keras 3 (`import keras`) and a custom training loop, in the shape of Horovod's TensorFlow 2 example
+(nothing from tfhpc): the model and optimizer from Keras, each step's gradients averaged by hvd.DistributedGradientTape,
+the variables broadcast from rank 0 after the first step. Run it on 2 ranks (shipped at /opt/tfhpc/examples):
 
-    horovodrun -np 2 python keras3_hvd_custom_loop.py
+    horovodrun -np 2 python keras3_hvd_custom_loop.py        # or mpirun -np 2 ..., srun ...
 
 Every rank prints one "RESULT {json}" line: its epoch losses, a digest of its weights, and how far the allreduce
 of its first keras.Variable is from that variable (0 when the ranks agree).
@@ -15,7 +15,7 @@ import tensorflow as tf
 import keras
 import horovod.tensorflow as hvd
 
-# Horovod: initialize Horovod.
+# Horovod: start Horovod (rank, size, the controller) before anything else uses it.
 hvd.init()
 
 rng = np.random.default_rng(hvd.rank())  # Horovod: each rank its own samples
@@ -37,18 +37,14 @@ def training_step(images, labels, first_batch):
         probs = model(images, training=True)
         loss_value = loss(labels, probs)
 
-    # Horovod: add Horovod Distributed GradientTape.
+    # Horovod: the wrapped tape averages each gradient over the ranks.
     tape = hvd.DistributedGradientTape(tape)
 
     grads = tape.gradient(loss_value, model.trainable_variables)
     opt.apply_gradients(zip(grads, model.trainable_variables))
 
-    # Horovod: broadcast initial variable states from rank 0 to all other processes.
-    # This is necessary to ensure consistent initialization of all workers when
-    # training is started with random weights or restored from a checkpoint.
-    #
-    # Note: broadcast should be done after the first gradient step to ensure optimizer
-    # initialization.
+    # Horovod: every rank starts from rank 0's weights and optimizer state. After the first step, when the optimizer
+    # has created its variables (Keras 3 creates them on the first apply).
     if first_batch:
         hvd.broadcast_variables(model.variables, root_rank=0)
         hvd.broadcast_variables(opt.variables, root_rank=0)

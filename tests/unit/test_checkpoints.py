@@ -188,7 +188,7 @@ from tfhpc_runtime.preemption import StopOnSignal
 
 class Shutdown:  # a module torn down slowly at exit, as TensorFlow's and Horovod's are
     def __del__(self, sleep=time.sleep):
-        sleep(4)
+        sleep(30)
 
 shutdown = Shutdown()
 calls = []
@@ -211,7 +211,7 @@ def test_a_rank_through_the_stop_exits_99_although_the_launcher_sends_sigterm():
                            capture_output=True, text=True, timeout=60)
     assert ended.returncode == SAVED_AND_STOPPED, (ended.returncode, ended.stderr)
     assert '"stopped"' in ended.stdout and ended.stdout.startswith("RESULT "), "the RESULT line is out"
-    assert time.monotonic() - started < 4, "no interpreter shutdown after the last collective"
+    assert time.monotonic() - started < 20, "no interpreter shutdown after the last collective"
 
 
 def test_a_signal_after_the_last_step_lets_the_run_finish(stop_handlers):

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from .cli import PREFIX, report
+from .cli import report
 
 SAVED_AND_STOPPED = 99  # exit status of every rank after a signal-driven checkpoint; the job scripts requeue on it
 STOP_SIGNALS = ("SIGUSR1", "SIGTERM")
@@ -93,7 +93,7 @@ class StopOnSignal:
             self.agree(0.0)
         except Exception as error:  # noqa: BLE001 - a peer gone (Gloo, gRPC raise): the checkpoint is complete
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            print(f"{PREFIX}: the last collective of the stop failed ({reason}): the checkpoint is complete, exiting "
+            print(f"tfhpc: the last collective of the stop failed ({reason}): the checkpoint is complete, exiting "
                   f"with status {SAVED_AND_STOPPED}", file=sys.stderr, flush=True)
         finally:
             watchdog.cancel()
@@ -101,7 +101,7 @@ class StopOnSignal:
         self.leave(SAVED_AND_STOPPED)
 
     def _leave_after_wait(self):
-        print(f"{PREFIX}: the checkpoint is complete but the other ranks did not reach the last collective of the "
+        print(f"tfhpc: the checkpoint is complete but the other ranks did not reach the last collective of the "
               f"stop within {EXIT_WAIT_SECONDS} s: exiting with status {SAVED_AND_STOPPED}", file=sys.stderr, flush=True)
         _flush()
         os._exit(SAVED_AND_STOPPED)  # from a thread: sys.exit would end the thread only

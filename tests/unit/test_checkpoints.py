@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -127,8 +128,8 @@ def test_a_failed_write_is_one_line_and_leaves_the_previous_checkpoint(tmp_path,
 
 @pytest.fixture
 def stop_handlers():
-    """StopOnSignal replaces SIGUSR1/SIGTERM handlers: put pytest's back afterwards."""
-    saved = {number: signal.getsignal(number) for number in (signal.SIGUSR1, signal.SIGTERM)}
+    """StopOnSignal replaces SIGUSR1/SIGTERM handlers, its exit ignores SIGTERM/SIGINT: put pytest's back afterwards."""
+    saved = {number: signal.getsignal(number) for number in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     yield
     for number, handler in saved.items():
         signal.signal(number, handler)
@@ -148,18 +149,70 @@ def test_a_signal_stops_every_rank_at_the_same_step_with_status_99(stop_handlers
     other_ranks[0] = 1.0  # another rank was signalled: this one stops too, although it got no signal
     assert stop.requested(0, 2) and stop.at == (0, 2) and stop.signal is None
     other_ranks[0] = 0.0
-    stop = StopOnSignal(agree)
+    stop = StopOnSignal(agree, leave=sys.exit)  # the entrypoints' default, os._exit, would end pytest
     os.kill(os.getpid(), getattr(signal, name))  # only recorded: the process goes on
     assert stop.requested(1, 13) and stop.at == (1, 13)
     calls.clear()
+    handlers = record_handlers(stop)
     with pytest.raises(SystemExit) as stopped:
         stop.exit({"rank": 0})
     assert stopped.value.code == SAVED_AND_STOPPED == 99
     assert calls == [0.0, 0.0], "a barrier before the RESULT line and one after it"
+    assert handlers[0][0] == stop._record and handlers[1] == (signal.SIG_IGN, signal.SIG_IGN), \
+        "SIGTERM/SIGINT ignored once the checkpoint is complete (after the first barrier), not before"
     result = json.loads(capsys.readouterr().out.partition("RESULT ")[2])
     assert result["stopped"]["signal"] == name and result["stopped"]["steps_since_signal"] == 1
     assert (result["stopped"]["epoch"], result["stopped"]["step"]) == (1, 13)
     assert 0 <= result["stopped"]["seconds_since_signal"] < 5
+
+
+def record_handlers(stop):
+    """Wraps stop.agree to record the SIGTERM and SIGINT handlers at each of its calls; returns that record."""
+    agree, handlers = stop.agree, []
+
+    def recording(flag):
+        handlers.append((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))
+        return agree(flag)
+
+    stop.agree = recording
+    return handlers
+
+
+# A rank through the stop's last collective, in the launcher's teardown: another rank has exited 99 and Slurm
+# (KillOnBadExit=1) or mpirun sends SIGTERM to this one while it still shuts down. Python resets its signal handlers
+# before it tears the modules down (TensorFlow's and Horovod's shutdown, seconds), so a SIGTERM there used to kill the
+# chief after its checkpoint: srun returned 143 and the job was not requeued.
+TEARDOWN = """
+import os, subprocess, sys, time
+sys.path[:0] = [sys.argv[1]]
+from tfhpc_runtime.preemption import StopOnSignal
+
+class Shutdown:  # a module torn down slowly at exit, as TensorFlow's and Horovod's are
+    def __del__(self, sleep=time.sleep):
+        sleep(30)
+
+shutdown = Shutdown()
+calls = []
+
+def agree(flag):  # one rank's view of the collectives of a 2-rank run in which the other rank was signalled
+    calls.append(flag)
+    if len(calls) == 3:  # the last collective: the other rank exits 99 now, and the launcher's SIGTERM follows
+        subprocess.Popen(["sh", "-c", f"sleep 1; kill -TERM {os.getpid()} 2>/dev/null"])
+    return flag + 1.0
+
+stop = StopOnSignal(agree)
+assert stop.requested(1, 13)
+stop.exit({"rank": 0})
+"""
+
+
+def test_a_rank_through_the_stop_exits_99_although_the_launcher_sends_sigterm():
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-c", TEARDOWN, str(REPO_ROOT / "scripts" / "runtime")],
+                           capture_output=True, text=True, timeout=60)
+    assert ended.returncode == SAVED_AND_STOPPED, (ended.returncode, ended.stderr)
+    assert '"stopped"' in ended.stdout and ended.stdout.startswith("RESULT "), "the RESULT line is out"
+    assert time.monotonic() - started < 20, "no interpreter shutdown after the last collective"
 
 
 def test_a_signal_after_the_last_step_lets_the_run_finish(stop_handlers):

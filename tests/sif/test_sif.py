@@ -108,8 +108,8 @@ def test_users_own_script_bind_mounted(user_host, in_sif):
 
 
 def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(user_host, in_sif):
-    """tests/user_scripts/hvd_keras_tensorboard.py: Keras' TensorBoard callback on rank 0, 2 ranks in the SIF."""
-    source = (REPO_ROOT / "tests" / "user_scripts" / "hvd_keras_tensorboard.py").read_text()
+    """examples/tf_keras_hvd_fit_tensorboard.py: Keras' TensorBoard callback on rank 0, 2 ranks in the SIF."""
+    source = (REPO_ROOT / "examples" / "tf_keras_hvd_fit_tensorboard.py").read_text()
     user_host.check_output(f"mkdir -p /tmp/userjob-tb && printf '%s' {shlex.quote(source)} > /tmp/userjob-tb/train.py")
     out = user_host.check_output(f"apptainer exec -B /tmp/userjob-tb:/job {in_sif} mpirun -np 2 python /job/train.py "
                                  f"/job/logs")

@@ -204,7 +204,7 @@ def test_tensorboard_serves_the_scalars_of_the_result_lines(host, image_layer, f
 
 def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(host, image_layer, work):
     """The IT4Innovations course's workflow as a user writes it: Keras' TensorBoard callback on rank 0, 2 ranks."""
-    source = (REPO_ROOT / "tests" / "user_scripts" / "hvd_keras_tensorboard.py").read_text()
+    source = (REPO_ROOT / "examples" / "tf_keras_hvd_fit_tensorboard.py").read_text()
     host.check_output(f"mkdir -p {work}/userjob && printf '%s' {shlex.quote(source)} > {work}/userjob/train.py")
     reports = run_ranks(host, f"{HVD} python {work}/userjob/train.py {work}/userjob/logs", 2)
     assert reports[0]["losses"] == pytest.approx(reports[1]["losses"], rel=1e-6)

@@ -1,8 +1,8 @@
-"""A user's own training script in the IT4Innovations course's Horovod workflow, written as users write it (nothing
-from tfhpc): tf.keras with hvd.DistributedOptimizer, the broadcast and metric-average callbacks, and Keras' TensorBoard
-callback on rank 0 only. The image and SIF tests run it unchanged on 2 ranks:
+"""Horovod with tf_keras (tf.keras under TF_USE_LEGACY_KERAS=1, Keras 2) and `model.fit`, in the IT4Innovations
+course's Horovod workflow (nothing from tfhpc): hvd.DistributedOptimizer, the broadcast and metric-average callbacks,
+and Keras' TensorBoard callback on rank 0 only. The image and SIF tests run it unchanged on 2 ranks:
 
-    mpirun -np 2 python hvd_keras_tensorboard.py LOG_DIR
+    mpirun -np 2 python tf_keras_hvd_fit_tensorboard.py LOG_DIR
 
 Every rank prints one "RESULT {json}" line.
 """

@@ -27,6 +27,18 @@ def _add_source_options(parser: argparse.ArgumentParser, base_help: str, ca_help
     parser.add_argument("--ca-bundle", default=default_ca_bundle(), help=ca_help)
 
 
+
+def check_or_write(check_only: bool, check, write) -> int:
+    """The generated-files commands (recipes, lock, pipelines, measurements): with --check, `check()` (it raises a
+    UserError naming the drift); else `write()` and print each path it wrote."""
+    if check_only:
+        check()
+        return 0
+    for path in write():
+        print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tfhpc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,36 +158,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "recipes":
             from .recipes import check_committed, write_all  # lazy: this command's module
-            if args.check:
-                check_committed(manifest)
-                return 0
-            for path in write_all(manifest):
-                print(path)
-            return 0
+            return check_or_write(args.check, lambda: check_committed(manifest), lambda: write_all(manifest))
         if args.command == "lock":
             from .lock import check_locks, lock_configurations, write_locks  # lazy: this command's module
-            if args.check:
-                for config in lock_configurations(manifest):
-                    check_locks(config)
-                return 0
-            for path in write_locks(manifest, args.upgrade):
-                print(path)
-            return 0
+            return check_or_write(args.check, lambda: [check_locks(c) for c in lock_configurations(manifest)],
+                                  lambda: write_locks(manifest, args.upgrade))
         if args.command == "pipelines":
             from .ci import check_pipelines, write_pipelines  # lazy: this command's module
-            if args.check:
-                check_pipelines(manifest)
-                return 0
-            for path in write_pipelines(manifest):
-                print(path)
-            return 0
+            return check_or_write(args.check, lambda: check_pipelines(manifest), lambda: write_pipelines(manifest))
         if args.command == "measurements":
             from .measurements import check, write  # this command's module only
-            if args.check:
-                check()
-                return 0
-            print(write())
-            return 0
+            return check_or_write(args.check, check, lambda: [write()])
         config = manifest.config(args.stack, args.flavor, args.mpi)
         if args.command == "push":
             from .publish import push as do_push  # lazy: this command's module

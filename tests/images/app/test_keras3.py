@@ -59,7 +59,7 @@ def put(host, text, path):
 
 @pytest.fixture(scope="module")
 def work(host):
-    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit")
+    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit {WORK}/mwms-callbacks {WORK}/hvd-callbacks")
     for user_script in USER_SCRIPTS.glob("keras3_*.py"):
         put(host, user_script.read_text(), f"{WORK}/{user_script.name}")
     return WORK
@@ -68,6 +68,11 @@ def work(host):
 def mwms(work, out_dir):
     return (f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 -- "
             f"python {work}/keras3_mwms_fit.py {out_dir}")
+
+
+def mwms_callbacks(work, epochs):
+    return (f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 -- "
+            f"python {work}/keras3_mwms_callbacks.py {work}/mwms-callbacks {epochs}")
 
 
 def hvd_loop(work):
@@ -91,6 +96,23 @@ def loop_reports(host, work):
 @pytest.fixture(scope="module")
 def fit_reports(host, work):
     return run_ranks(host, hvd_fit(work, f"{work}/hvd-fit"), 2)
+
+
+@pytest.fixture(scope="module")
+def callbacks_reports(host, work):
+    """The MWMS callbacks script run twice with the same backup directories: 2 epochs, then resumed to 3."""
+    first = run_ranks(host, mwms_callbacks(work, 2), 2)
+    resumed = run_ranks(host, mwms_callbacks(work, 3), 2)
+    events = host.check_output(f"find {work}/mwms-callbacks/logs -name 'events.out.tfevents*' | wc -l")
+    return first, resumed, int(events)
+
+
+def max_difference(host, first, second):
+    """Largest absolute difference between two weight .npz files (compared inside the container, with numpy)."""
+    code = ("import numpy as np, sys; a, b = np.load(sys.argv[1]), np.load(sys.argv[2]); "
+            "assert a.files == b.files, (a.files, b.files); "
+            "print(max(float(np.abs(a[k] - b[k]).max()) for k in a.files))")
+    return float(host.check_output(f"python -c {shlex.quote(code)} {first} {second}"))
 
 
 def assert_learned_with_equal_weights(reports):
@@ -118,6 +140,70 @@ def test_mwms_evaluate_and_predict(image_layer, mwms_reports):
     for report in mwms_reports:
         assert report["predict_shape"] == [256, 2]
         assert report["predict_accuracy"] > 0.8
+
+
+def test_mwms_backup_and_restore_resumes_after_the_last_epoch(image_layer, callbacks_reports):
+    first, resumed, _ = callbacks_reports
+    for report in first:
+        assert report["epochs_run"] == [0, 1]
+        assert report["backup_files"] == ["latest.weights.h5", "training_metadata.json"]
+    for report in resumed:  # asked for 3 epochs, the backup holds 2: only epoch 2 runs, from step 60
+        assert report["epochs_run"] == [2]
+        assert report["iterations"] == 90
+    assert first[0]["weights_digest"] == first[1]["weights_digest"]
+    assert resumed[0]["weights_digest"] == resumed[1]["weights_digest"]
+    assert resumed[0]["losses"][0] < first[0]["losses"][-1]
+
+
+def test_mwms_early_stopping_stops_every_worker_at_the_same_epoch(image_layer, callbacks_reports):
+    first, resumed, _ = callbacks_reports
+    # min_delta 10, patience 0: the second epoch does not improve, the fit stops there (of 5 epochs).
+    assert [report["early_stopping_epochs"] for report in first] == [[0, 1], [0, 1]]
+    # After a restore, Keras 3 numbers the next fit's epochs from the restored epoch: still 2 epochs.
+    assert [len(report["early_stopping_epochs"]) for report in resumed] == [2, 2]
+
+
+def test_mwms_learning_rate_schedule_and_tensorboard(image_layer, callbacks_reports):
+    first, resumed, events = callbacks_reports
+    # ExponentialDecay(0.05, decay_steps=30, decay_rate=0.5): halved every epoch of 30 steps.
+    for report in first:
+        assert report["iterations"] == 60
+        assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 2, rel=1e-6)
+    for report in resumed:
+        assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 3, rel=1e-6)
+    # The chief writes to the log directory, once per run; the other worker to a directory of its own.
+    assert events == 2
+
+
+EQUIVALENCE_TOLERANCE = 1e-4
+
+
+EQUIVALENCE = {
+    # name -> (2 ranks, 1 rank), each a function of the work directory and the script's arguments
+    "hvd_custom_loop": (
+        lambda work, args: f"horovodrun -np 2 python {work}/keras3_hvd_custom_loop_sharded.py {args}",
+        lambda work, args: f"python {work}/keras3_hvd_custom_loop_sharded.py {args}"),
+    "mwms_custom_loop": (
+        lambda work, args: (f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 -- "
+                            f"python {work}/keras3_mwms_custom_loop.py {args}"),
+        lambda work, args: f"python {work}/keras3_mwms_custom_loop.py {args}"),
+}
+
+
+@pytest.mark.parametrize("name", list(EQUIVALENCE))
+def test_two_ranks_train_like_one_with_twice_the_batch(host, image_layer, work, name):
+    two, one = EQUIVALENCE[name]
+    # The same initial weights and samples per step (2 ranks x 16 = 1 x 32), the same learning rate: after 20 steps
+    # the weights differ by rounding only.
+    reports = run_ranks(host, two(work, f"--batch-size 16 --weights-out {work}/{name}-eq2.npz"), 2)
+    single = run_ranks(host, one(work, f"--batch-size 32 --weights-out {work}/{name}-eq1.npz"), 1)
+    assert reports[0]["global_batch"] == single[0]["global_batch"] == 32
+    difference = max_difference(host, f"{work}/{name}-eq1.npz", f"{work}/{name}-eq2.npz")
+    print(f"keras3 {name}: 2x16 vs 1x32 after 20 steps: max |dw| = {difference:.3g}, weights moved "
+          f"{single[0]['max_weight_change']:.3g}")
+    assert difference <= EQUIVALENCE_TOLERANCE, difference
+    assert single[0]["max_weight_change"] > 100 * EQUIVALENCE_TOLERANCE, "training must have moved the weights"
+    assert reports[0]["losses"] == pytest.approx(single[0]["losses"], rel=1e-4)
 
 
 def test_horovod_gradient_tape_learns_and_the_ranks_agree(image_layer, loop_reports):

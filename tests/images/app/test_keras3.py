@@ -59,7 +59,8 @@ def put(host, text, path):
 
 @pytest.fixture(scope="module")
 def work(host):
-    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit {WORK}/mwms-callbacks {WORK}/hvd-callbacks")
+    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit {WORK}/mwms-callbacks "
+                      f"{WORK}/hvd-callbacks")
     for user_script in USER_SCRIPTS.glob("keras3_*.py"):
         put(host, user_script.read_text(), f"{WORK}/{user_script.name}")
     return WORK
@@ -83,6 +84,10 @@ def hvd_fit(work, out_dir):
     return f"horovodrun -np 2 python {work}/keras3_hvd_keras_fit.py {out_dir}"
 
 
+def hvd_callbacks(work, out_dir):
+    return f"horovodrun -np 2 python {work}/keras3_hvd_keras_callbacks.py {out_dir}"
+
+
 @pytest.fixture(scope="module")
 def mwms_reports(host, work):
     return run_ranks(host, mwms(work, f"{work}/mwms"), 2)
@@ -96,6 +101,11 @@ def loop_reports(host, work):
 @pytest.fixture(scope="module")
 def fit_reports(host, work):
     return run_ranks(host, hvd_fit(work, f"{work}/hvd-fit"), 2)
+
+
+@pytest.fixture(scope="module")
+def hvd_callbacks_reports(host, work):
+    return run_ranks(host, hvd_callbacks(work, f"{work}/hvd-callbacks"), 2)
 
 
 @pytest.fixture(scope="module")
@@ -227,6 +237,25 @@ def test_horovod_keras_model_saved_by_rank_0_loads_without_horovod(image_layer, 
     assert fit_reports[0]["reloaded_equal"] is True
 
 
+def test_horovod_learning_rate_warmup_and_schedule_callbacks(image_layer, hvd_callbacks_reports):
+    # Warm-up from 0.04 / 2 to 0.04 over epochs 0-1 (0.03 at the end of epoch 0), 0.04 in epoch 2, 0.004 from epoch 3.
+    for report in hvd_callbacks_reports:
+        assert report["learning_rates"] == pytest.approx([0.03, 0.04, 0.04, 0.004], rel=1e-6)
+    assert_learned_with_equal_weights(hvd_callbacks_reports)
+
+
+def test_horovod_load_model_wraps_the_keras3_optimizer_and_keeps_its_state(image_layer, hvd_callbacks_reports):
+    for report in hvd_callbacks_reports:
+        assert report["loaded_equal"] is True
+        assert report["loaded_distributed"] is True
+        assert report["loaded_optimizer"] == "keras.src.optimizers.sgd.SGD"
+        assert report["loaded_iterations"] == 120
+        assert report["loaded_learning_rate"] == pytest.approx(0.004, rel=1e-6)
+    # One more epoch, each rank its own samples: the ranks stay equal only because the gradients are averaged.
+    assert hvd_callbacks_reports[0]["trained_on_digest"] == hvd_callbacks_reports[1]["trained_on_digest"]
+    assert hvd_callbacks_reports[0]["trained_on_digest"] != hvd_callbacks_reports[0]["weights_digest"]
+
+
 # ---------------------------------------------------------------------------------------------------------------- #
 # Each patch is needed: the same script with that patch reversed fails with the error its header names.
 
@@ -244,6 +273,10 @@ WITHOUT = {
     "horovod/0007-keras3-distributed-optimizer.patch": (
         "horovod", ["0007-keras3-distributed-optimizer.patch"], lambda work: hvd_fit(work, f"{work}/hvd-fit-without"),
         "'Variable' object has no attribute 'ref'"),
+    "horovod/0008-keras3-lr-callbacks-load-model.patch": (
+        "horovod", ["0008-keras3-lr-callbacks-load-model.patch"],
+        lambda work: hvd_callbacks(work, f"{work}/hvd-callbacks-without"),
+        "'SGD' object has no attribute 'lr'"),
 }
 
 
@@ -254,7 +287,7 @@ def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     assert all(name in listed for name in reversed_patches), f"{patch} is no longer listed: drop its test"
     patch_dir = KERAS_PATCHES if package == "keras" else HOROVOD_PATCHES
     overlay = f"{work}/without-{patch.replace('/', '-')}"
-    host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without && "
+    host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without {work}/hvd-callbacks-without && "
                       f"cp -rs {PURELIB}/{package} {overlay}/")
     for name in reversed_patches:
         put(host, (patch_dir / name).read_text(), f"{overlay}/{name}")

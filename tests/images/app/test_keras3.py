@@ -11,7 +11,13 @@ Each script runs once, on 2 ranks (MultiWorkerMirroredStrategy: 2 workers on loc
   initial weights) end with bit-equal weights, and the allreduce of a keras.Variable equals it;
 - horovod.tensorflow.keras.DistributedOptimizer + BroadcastGlobalVariablesCallback + MetricAverageCallback: the loss
   falls, the weights are bit-equal, the epoch losses are the average of the ranks' own, and the model rank 0 saves
-  loads without Horovod as Keras' own SGD.
+  loads without Horovod as Keras' own SGD;
+- MultiWorkerMirroredStrategy + BackupAndRestore, TensorBoard, ExponentialDecay, then EarlyStopping, run twice with
+  the same backup directories: the second run resumes after the first's last epoch, the learning rate is the
+  schedule's, EarlyStopping ends both workers' fit after the same epoch, the chief writes the event files;
+- hvd learning-rate warm-up and schedule callbacks and hvd.load_model (Horovod patch 0008): the learning rates of
+  each epoch, the loaded model's optimizer wrapped again with its state, the ranks equal after training on;
+- custom loops (Horovod, MWMS): 2 ranks with batch 16 end with the weights of 1 rank with batch 32, to 1e-4.
 Without a patch (a copy of the installed package, as symbolic links, with that patch reversed, first on PYTHONPATH),
 the same script fails with the error the patch's header names.
 
@@ -165,9 +171,9 @@ def test_mwms_backup_and_restore_resumes_after_the_last_epoch(image_layer, callb
     assert resumed[0]["losses"][0] < first[0]["losses"][-1]
 
 
-def test_mwms_early_stopping_stops_every_worker_at_the_same_epoch(image_layer, callbacks_reports):
+def test_mwms_early_stopping_ends_every_worker_after_the_same_epoch(image_layer, callbacks_reports):
     first, resumed, _ = callbacks_reports
-    # min_delta 10, patience 0: the second epoch does not improve, the fit stops there (of 5 epochs).
+    # min_delta 10, patience 0: the second epoch does not improve, the fit ends there (of 5 epochs).
     assert [report["early_stopping_epochs"] for report in first] == [[0, 1], [0, 1]]
     # After a restore, Keras 3 numbers the next fit's epochs from the restored epoch: still 2 epochs.
     assert [len(report["early_stopping_epochs"]) for report in resumed] == [2, 2]

@@ -11,7 +11,13 @@ Each script runs once, on 2 ranks (MultiWorkerMirroredStrategy: 2 workers on loc
   initial weights) end with bit-equal weights, and the allreduce of a keras.Variable equals it;
 - horovod.tensorflow.keras.DistributedOptimizer + BroadcastGlobalVariablesCallback + MetricAverageCallback: the loss
   falls, the weights are bit-equal, the epoch losses are the average of the ranks' own, and the model rank 0 saves
-  loads without Horovod as Keras' own SGD.
+  loads without Horovod as Keras' own SGD;
+- MultiWorkerMirroredStrategy + BackupAndRestore, TensorBoard, ExponentialDecay, then EarlyStopping, run twice with
+  the same backup directories: the second run resumes after the first's last epoch, the learning rate is the
+  schedule's, EarlyStopping ends both workers' fit after the same epoch, the chief writes the event files;
+- hvd learning-rate warm-up and schedule callbacks and hvd.load_model (Horovod patch 0008): the learning rates of
+  each epoch, the loaded model's optimizer wrapped again with its state, the ranks equal after training on;
+- custom loops (Horovod, MWMS): 2 ranks with batch 16 end with the weights of 1 rank with batch 32, to 1e-4.
 Without a patch (a copy of the installed package, as symbolic links, with that patch reversed, first on PYTHONPATH),
 the same script fails with the error the patch's header names.
 
@@ -23,6 +29,7 @@ import shlex
 import pytest
 
 from conftest import CONFIG, run_ranks, script
+from support.weights import check_two_like_one
 from tfhpc import REPO_ROOT
 
 WORK = "/tmp/tfhpc-keras3-tests"
@@ -59,7 +66,8 @@ def put(host, text, path):
 
 @pytest.fixture(scope="module")
 def work(host):
-    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit")
+    host.check_output(f"rm -rf {WORK} && mkdir -p {WORK}/mwms {WORK}/hvd-fit {WORK}/mwms-callbacks "
+                      f"{WORK}/hvd-callbacks")
     for user_script in USER_SCRIPTS.glob("keras3_*.py"):
         put(host, user_script.read_text(), f"{WORK}/{user_script.name}")
     return WORK
@@ -70,12 +78,21 @@ def mwms(work, out_dir):
             f"python {work}/keras3_mwms_fit.py {out_dir}")
 
 
+def mwms_callbacks(work, epochs):
+    return (f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 -- "
+            f"python {work}/keras3_mwms_callbacks.py {work}/mwms-callbacks {epochs}")
+
+
 def hvd_loop(work):
     return f"horovodrun -np 2 python {work}/keras3_hvd_custom_loop.py"
 
 
 def hvd_fit(work, out_dir):
     return f"horovodrun -np 2 python {work}/keras3_hvd_fit.py {out_dir}"
+
+
+def hvd_callbacks(work, out_dir):
+    return f"horovodrun -np 2 python {work}/keras3_hvd_keras_callbacks.py {out_dir}"
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +108,20 @@ def loop_reports(host, work):
 @pytest.fixture(scope="module")
 def fit_reports(host, work):
     return run_ranks(host, hvd_fit(work, f"{work}/hvd-fit"), 2)
+
+
+@pytest.fixture(scope="module")
+def hvd_callbacks_reports(host, work):
+    return run_ranks(host, hvd_callbacks(work, f"{work}/hvd-callbacks"), 2)
+
+
+@pytest.fixture(scope="module")
+def callbacks_reports(host, work):
+    """The MWMS callbacks script run twice with the same backup directories: 2 epochs, then resumed to 3."""
+    first = run_ranks(host, mwms_callbacks(work, 2), 2)
+    resumed = run_ranks(host, mwms_callbacks(work, 3), 2)
+    events = host.check_output(f"find {work}/mwms-callbacks/logs -name 'events.out.tfevents*' | wc -l")
+    return first, resumed, int(events)
 
 
 def assert_learned_with_equal_weights(reports):
@@ -120,6 +151,63 @@ def test_mwms_evaluate_and_predict(image_layer, mwms_reports):
         assert report["predict_accuracy"] > 0.8
 
 
+def test_mwms_backup_and_restore_resumes_after_the_last_epoch(image_layer, callbacks_reports):
+    first, resumed, _ = callbacks_reports
+    for report in first:
+        assert report["epochs_run"] == [0, 1]
+        assert report["backup_files"] == ["latest.weights.h5", "training_metadata.json"]
+    for report in resumed:  # asked for 3 epochs, the backup holds 2: only epoch 2 runs, from step 60
+        assert report["epochs_run"] == [2]
+        assert report["iterations"] == 90
+    assert first[0]["weights_digest"] == first[1]["weights_digest"]
+    assert resumed[0]["weights_digest"] == resumed[1]["weights_digest"]
+    assert resumed[0]["losses"][0] < first[0]["losses"][-1]
+
+
+def test_mwms_early_stopping_ends_every_worker_after_the_same_epoch(image_layer, callbacks_reports):
+    first, resumed, _ = callbacks_reports
+    # min_delta 10, patience 0: the second epoch does not improve, the fit ends there (of 5 epochs).
+    assert [report["early_stopping_epochs"] for report in first] == [[0, 1], [0, 1]]
+    # After a restore, Keras 3 numbers the next fit's epochs from the restored epoch: still 2 epochs.
+    assert [len(report["early_stopping_epochs"]) for report in resumed] == [2, 2]
+
+
+def test_mwms_learning_rate_schedule_and_tensorboard(image_layer, callbacks_reports):
+    first, resumed, events = callbacks_reports
+    # ExponentialDecay(0.05, decay_steps=30, decay_rate=0.5): halved every epoch of 30 steps.
+    for report in first:
+        assert report["iterations"] == 60
+        assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 2, rel=1e-6)
+    for report in resumed:
+        assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 3, rel=1e-6)
+    # The chief writes to the log directory, once per run; the other worker to a directory of its own.
+    assert events == 2
+
+
+
+
+EQUIVALENCE = {
+    # name -> (2 ranks, 1 rank), each a function of the work directory and the script's arguments
+    "hvd_custom_loop": (
+        lambda work, args: f"horovodrun -np 2 python {work}/keras3_hvd_custom_loop_sharded.py {args}",
+        lambda work, args: f"python {work}/keras3_hvd_custom_loop_sharded.py {args}"),
+    "mwms_custom_loop": (
+        lambda work, args: (f"python {script('train/launch_local_mwms.py')} -n 2 --timeout 180 -- "
+                            f"python {work}/keras3_mwms_custom_loop_sharded.py {args}"),
+        lambda work, args: f"python {work}/keras3_mwms_custom_loop_sharded.py {args}"),
+}
+
+
+@pytest.mark.parametrize("name", list(EQUIVALENCE))
+def test_two_ranks_train_like_one_with_twice_the_batch(host, image_layer, work, name):
+    two, one = EQUIVALENCE[name]
+    # The same initial weights and samples per step (2 ranks x 16 = 1 x 32), the same learning rate: after 20 steps
+    # the weights differ by rounding only.
+    reports = run_ranks(host, two(work, f"--batch-size 16 --weights-out {work}/{name}-eq2.npz"), 2)
+    single = run_ranks(host, one(work, f"--batch-size 32 --weights-out {work}/{name}-eq1.npz"), 1)
+    check_two_like_one(host, f"keras3 {name}", reports, single, f"{work}/{name}-eq2.npz", f"{work}/{name}-eq1.npz")
+
+
 def test_horovod_gradient_tape_learns_and_the_ranks_agree(image_layer, loop_reports):
     assert_learned_with_equal_weights(loop_reports)
     assert [report["allreduce_gap"] for report in loop_reports] == [0.0, 0.0]
@@ -141,6 +229,25 @@ def test_horovod_keras_model_saved_by_rank_0_loads_without_horovod(image_layer, 
     assert fit_reports[0]["reloaded_equal"] is True
 
 
+def test_horovod_learning_rate_warmup_and_schedule_callbacks(image_layer, hvd_callbacks_reports):
+    # Warm-up from 0.04 / 2 to 0.04 over epochs 0-1 (0.03 at the end of epoch 0), 0.04 in epoch 2, 0.004 from epoch 3.
+    for report in hvd_callbacks_reports:
+        assert report["learning_rates"] == pytest.approx([0.03, 0.04, 0.04, 0.004], rel=1e-6)
+    assert_learned_with_equal_weights(hvd_callbacks_reports)
+
+
+def test_horovod_load_model_wraps_the_keras3_optimizer_and_keeps_its_state(image_layer, hvd_callbacks_reports):
+    for report in hvd_callbacks_reports:
+        assert report["loaded_equal"] is True
+        assert report["loaded_distributed"] is True
+        assert report["loaded_optimizer"] == "keras.src.optimizers.sgd.SGD"
+        assert report["loaded_iterations"] == 120
+        assert report["loaded_learning_rate"] == pytest.approx(0.004, rel=1e-6)
+    # One more epoch, each rank its own samples: the ranks stay equal only because the gradients are averaged.
+    assert hvd_callbacks_reports[0]["trained_on_digest"] == hvd_callbacks_reports[1]["trained_on_digest"]
+    assert hvd_callbacks_reports[0]["trained_on_digest"] != hvd_callbacks_reports[0]["weights_digest"]
+
+
 # ---------------------------------------------------------------------------------------------------------------- #
 # Each patch is needed: the same script with that patch reversed fails with the error its header names.
 
@@ -158,6 +265,10 @@ WITHOUT = {
     "horovod/0007-keras3-distributed-optimizer.patch": (
         "horovod", ["0007-keras3-distributed-optimizer.patch"], lambda work: hvd_fit(work, f"{work}/hvd-fit-without"),
         "'Variable' object has no attribute 'ref'"),
+    "horovod/0008-keras3-lr-callbacks-load-model.patch": (
+        "horovod", ["0008-keras3-lr-callbacks-load-model.patch"],
+        lambda work: hvd_callbacks(work, f"{work}/hvd-callbacks-without"),
+        "'SGD' object has no attribute 'lr'"),
 }
 
 
@@ -168,7 +279,7 @@ def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     assert all(name in listed for name in reversed_patches), f"{patch} is no longer listed: drop its test"
     patch_dir = KERAS_PATCHES if package == "keras" else HOROVOD_PATCHES
     overlay = f"{work}/without-{patch.replace('/', '-')}"
-    host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without && "
+    host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without {work}/hvd-callbacks-without && "
                       f"cp -rs {PURELIB}/{package} {overlay}/")
     for name in reversed_patches:
         put(host, (patch_dir / name).read_text(), f"{overlay}/{name}")

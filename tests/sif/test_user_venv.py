@@ -30,11 +30,11 @@ def ca_in_helper(apptainer_container):
 def venv(user_host, in_sif, ca_in_helper):
     env = f"--env PIP_CERT={ca_in_helper} " if ca_in_helper else ""
     user_host.check_output(f"rm -rf ~/venvs/mine && apptainer exec {in_sif} python -m venv --system-site-packages "
-                           "~/venvs/mine")
+                           "--without-pip ~/venvs/mine")
     out = user_host.check_output(
         f"apptainer exec {env}{in_sif} sh -c 'pip list --format=freeze > /tmp/sif-packages.txt && "
-        "~/venvs/mine/bin/pip install --quiet --constraint /tmp/sif-packages.txt tabulate && "
-        "~/venvs/mine/bin/pip list --format=freeze'")
+        "~/venvs/mine/bin/python -m pip install --quiet --constraint /tmp/sif-packages.txt tabulate && "
+        "~/venvs/mine/bin/python -m pip list --format=freeze'")
     return set(out.split()), set(user_host.check_output("cat /tmp/sif-packages.txt").split())
 
 

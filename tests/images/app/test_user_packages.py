@@ -51,15 +51,17 @@ def test_a_requirement_that_replaces_an_image_package_is_refused(docker_client, 
     """The constraint step of the example, with a requirement on another numpy: pip stops before installing."""
     out = with_pip(docker_client, image,
                    "pip list --format=freeze > /tmp/image.txt && numpy=$(grep -i '^numpy==' /tmp/image.txt) && "
-                   "python -m venv --system-site-packages /tmp/venv && "
-                   "/tmp/venv/bin/pip install --constraint /tmp/image.txt \"numpy!=${numpy#*==}\"; echo status=$?")
+                   "python -m venv --system-site-packages --without-pip /tmp/venv && "
+                   "/tmp/venv/bin/python -m pip install --constraint /tmp/image.txt \"numpy!=${numpy#*==}\"; "
+                   "echo status=$?")
     assert "status=1" in out and ("ResolutionImpossible" in out or "conflict" in out.lower()), out[-2000:]
 
 
 def test_stacked_venv_sees_the_image_and_adds_to_it(docker_client, image, image_layer):
     out = with_pip(docker_client, image,
-                   "python -m venv --system-site-packages /tmp/venv && pip list --format=freeze > /tmp/image.txt && "
-                   "/tmp/venv/bin/pip install --quiet --constraint /tmp/image.txt tabulate && "
+                   "python -m venv --system-site-packages --without-pip /tmp/venv && "
+                   "pip list --format=freeze > /tmp/image.txt && "
+                   "/tmp/venv/bin/python -m pip install --quiet --constraint /tmp/image.txt tabulate && "
                    "/tmp/venv/bin/python -c \"import tabulate, horovod.tensorflow, numpy; "
                    "print('RESULT', numpy.__file__)\"")
     assert "RESULT /opt/venv/lib/" in out  # numpy is the image's, not a second copy in the venv

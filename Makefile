@@ -17,13 +17,14 @@ UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping
 NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
 QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
 INSIST ?=##        1: `make bench` measures on a busy machine too (marked so) instead of waiting, then refusing
+HOROVOD_SRC ?=##   `make upstream-tests`: a Horovod git checkout to read its test suites from (default: GitHub)
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE
+export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE HOROVOD_SRC
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -66,6 +67,9 @@ lint: venv ## hadolint every Dockerfile, shellcheck every shell script, check ci
 
 bench: venv ## measure the built images and SIF side by side: build/bench/results.{json,md} + PNG plots (QUICK=1)
 	$(PYTHON) -m tfhpc bench $(if $(filter-out 0,$(QUICK)),--quick) $(if $(filter-out 0,$(INSIST)),--insist)
+
+upstream-tests: image ## Horovod's own TF2/Keras suites (pinned release) on 2 ranks with Keras 3 and tf_keras
+	$(PYTHON) -m tfhpc upstream-tests
 
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show

@@ -126,6 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     repro.add_argument("--pip-index-url", default=os.environ.get("PIP_INDEX_URL") or None,
                        help="PyPI mirror for the builds (a BuildKit secret: never in a layer)")
 
+    upstream = commands.add_parser("upstream-tests", help="Horovod's own TensorFlow 2 and Keras suites on 2 ranks in the "
+                                   "app image, with Keras 3 and tf_keras: build/upstream/results.{json,md}")
+    _add_config_options(upstream)
+    upstream.add_argument("--horovod-src", default=os.environ.get("HOROVOD_SRC") or None,
+                          help="Horovod git checkout (or a tree with test/parallel); default: GitHub's tarball")
+    upstream.add_argument("--keras", action="append", choices=("3", "2"), default=None,
+                          help="Keras as tf.keras (repeatable; default: 3 and 2)")
+    upstream.add_argument("--ca-bundle", default=default_ca_bundle(),
+                          help="PEM bundle for the download and the test image's pip ('none': no bundle)")
+
     clean = commands.add_parser("clean", help="remove dangling images and the build cache")
     clean.add_argument("--all", action="store_true", help="also remove every tfhpc image")
 
@@ -217,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"see {REPORT_DIR / 'report.md'}, fix the cause or name it in tfhpc/repro.py EXPLAINED",
                       file=sys.stderr)
                 return 1
+        elif args.command == "upstream-tests":
+            from .upstream import upstream_tests  # lazy: this command's module
+            upstream_tests(config, args.horovod_src, resolve_ca_bundle(args.ca_bundle), tuple(args.keras or ("3", "2")))
         elif args.command == "build":
             from .build import build_stack  # lazy: this command's module
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf

@@ -40,7 +40,7 @@ def test_build_args_carry_the_pins(manifest):
     assert args["MPI_PACKAGE_VERSION"] == data["os"]["bookworm"]["mpi"]["openmpi"]["package_version"]
     conservative = manifest.config("conservative").build_args()
     assert conservative["TF_KERAS_VERSION"] == "" and conservative["TF_USE_LEGACY_KERAS"] == "0"
-    assert conservative["HOROVOD_PATCHES"] == "0003-lr-callback-float-momentum.patch"
+    assert conservative["HOROVOD_PATCHES"].split() == data["stacks"]["conservative"]["horovod_patches"]
 
 
 def test_labels_have_one_version_label_per_component(manifest):

@@ -29,35 +29,15 @@ import shlex
 import pytest
 
 from conftest import CONFIG, run_ranks, script
+from support.patches import HOROVOD_PATCHES, KERAS_PATCHES, PURELIB, REVERSE
 from support.weights import check_two_like_one
 from tfhpc import REPO_ROOT
 
 WORK = "/tmp/tfhpc-keras3-tests"
 USER_SCRIPTS = REPO_ROOT / "examples"  # shipped in the image at /opt/tfhpc/examples
-KERAS_PATCHES = REPO_ROOT / "containers" / "tensorflow" / "patches" / "keras"
-HOROVOD_PATCHES = REPO_ROOT / "containers" / "horovod" / "patches"
-PURELIB = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
 
 pytestmark = pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
 
-# Reverses a unified diff under a directory of symbolic links to the installed package (cp -rs), in Python (the image
-# has no `patch`): each hunk's new text must occur exactly once in its file and becomes the old text; a changed file
-# replaces its link, the installed file stays as it is.
-REVERSE = r"""
-import os, re, sys
-patch, root = open(sys.argv[1]).read(), sys.argv[2]
-for section in re.split(r'^--- a/', patch, flags=re.M)[1:]:
-    path = section.splitlines()[1][len('+++ b/'):]
-    text = open(f'{root}/{path}').read()
-    for hunk in re.split(r'^@@[^\n]*\n', section, flags=re.M)[1:]:
-        lines = [line for line in hunk.splitlines(keepends=True) if line[:1] in (' ', '-', '+')]
-        old = ''.join(line[1:] for line in lines if line[0] in ' -')
-        new = ''.join(line[1:] for line in lines if line[0] in ' +')
-        assert text.count(new) == 1, (path, new)
-        text = text.replace(new, old)
-    os.remove(f'{root}/{path}')
-    open(f'{root}/{path}', 'w').write(text)
-"""
 
 
 def put(host, text, path):

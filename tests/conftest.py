@@ -26,24 +26,6 @@ def docker_client():
     return client()
 
 
-# pytest-xdist (`make test` runs `-n 2 --dist loadgroup`): tests of one group run on one worker, one after the other.
-# A module is a group, so each module-scoped fixture (a container, a training run, a cluster) starts once; the
-# directories below are one group each: their modules share what must not run twice at once (the cluster tests: the
-# test node images, and 2-3 node trainings whose timing the tests rely on).
-ONE_GROUP = ("tests/cluster",)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids
-def pytest_collection_modifyitems(config, items):
-    root = Path(str(config.rootpath))
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        module = Path(str(item.path)).relative_to(root).as_posix()
-        group = next((d for d in ONE_GROUP if module.startswith(d + "/")), module)
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own --durations list: the time spent in each test directory (setup, call and teardown of its
     tests, so a module fixture's start-up counts where it is used), the table docs/testing.md keeps."""
@@ -59,9 +41,7 @@ def pytest_terminal_summary(terminalreporter):
                 counts[directory] = counts.get(directory, 0) + 1
     if not totals:
         return
-    workers = terminalreporter.config.getoption("numprocesses", None)  # pytest-xdist's -n
-    terminalreporter.write_sep("=", "time per test directory" + (
-        f" (the sum over {workers} workers; the wall time is the last line)" if workers else ""))
+    terminalreporter.write_sep("=", "time per test directory")
     for directory, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {counts.get(directory, 0):4d} tests  {directory}")
     terminalreporter.write_line(f"{sum(totals.values()):8.1f} s  {sum(counts.values()):4d} tests  in all")

@@ -33,7 +33,8 @@ def install(manifest: Manifest, name: str, package: str | None = None) -> Path:
     if (prefix / ".installed").is_file():
         return prefix
     SITE_MPI_DIR.mkdir(parents=True, exist_ok=True)
-    # One install at a time (parallel test workers ask for the same prefix): the second waits, then finds it.
+    # One install at a time (two test runs in one checkout may ask for the same prefix): the second waits, then
+    # finds it.
     with open(SITE_MPI_DIR / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (prefix / ".installed").is_file():

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="measure on a busy machine too (the results say so) instead of refusing")
     bench.add_argument("--wait", type=float, default=600, metavar="SECONDS",
                        help="how long to wait for an idle machine before refusing (default 600)")
+    bench.add_argument("--startup-processes", type=int, default=8, metavar="N",
+                       help="the start-up section's largest count of processes at once (default 8, the goals'; "
+                            "the bench's own test runs 2)")
 
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
@@ -208,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(path)
         elif args.command == "bench":
             from .bench.run import run_bench  # lazy: this command's module
-            print(run_bench(config, args.quick, insist=args.insist, max_wait=args.wait))
+            print(run_bench(config, args.quick, insist=args.insist, max_wait=args.wait,
+                            startup_processes=args.startup_processes))
         elif args.command == "sqsh":
             from .sqsh import build_sqsh  # lazy: this command's module
             print(build_sqsh(manifest, config, Path(args.output) if args.output else None, args.mksquashfs,

@@ -4,6 +4,7 @@ prefix with bin/ and lib/ as a site's module would have, once. Containers mount 
 prefix is the same path inside and out."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -32,6 +33,16 @@ def install(manifest: Manifest, name: str, package: str | None = None) -> Path:
     if (prefix / ".installed").is_file():
         return prefix
     SITE_MPI_DIR.mkdir(parents=True, exist_ok=True)
+    # One install at a time (two test runs in one checkout may ask for the same prefix): the second waits, then
+    # finds it.
+    with open(SITE_MPI_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (prefix / ".installed").is_file():
+            return prefix
+        return _install(prefix, name, package, pinned)
+
+
+def _install(prefix: Path, name: str, package: str | None, pinned: str) -> Path:
     staging = SITE_MPI_DIR / f".{name}-{pinned}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     environment = dict(os.environ)

@@ -31,6 +31,7 @@ NODES_DIR = REPO_ROOT / "tests" / "cluster" / "nodes"
 USER = "tfhpc"
 HOME = f"/home/{USER}"
 SSH_CONFIG = "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+CRED_EXPIRE = 15  # seconds (slurm_conf); Slurm's minimum is 5
 LOG_FILES = ("/var/log/sshd.log", "/var/log/slurm/slurmctld.log", "/var/log/slurm/slurmd.log")
 
 
@@ -54,9 +55,12 @@ def slurm_node_image(manifest: Manifest, config: Config, ca_bundle: Path | None,
 
 def slurm_conf(controller: str, nodes: list[str], cpus: int) -> str:
     """A minimal Slurm configuration for containers: no cgroups (linuxproc tracking, no task binding), munge auth,
-    short timeouts so that a dead node ends its job within a minute."""
+    short timeouts so that a dead node ends its job within a minute. cred_expire: a job requeued after its step was
+    killed waits this long before it may start again (Slurm's default 120 s; the step credential's lifetime, which
+    only has to outlast a step launch here: no prolog, no user environment to load)."""
     return "\n".join([
         "ClusterName=tfhpc-test", f"SlurmctldHost={controller}", "AuthType=auth/munge", "CredType=cred/munge",
+        f"AuthInfo=cred_expire={CRED_EXPIRE}",
         "MpiDefault=none", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none", "SlurmUser=root",
         "StateSaveLocation=/var/lib/slurm/slurmctld", "SlurmdSpoolDir=/var/lib/slurm/slurmd",

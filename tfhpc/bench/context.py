@@ -57,13 +57,17 @@ class Plan:
     coll_rounds: int  # rounds of the MPI allreduce algorithm sweep (0: not run)
 
     @classmethod
-    def make(cls, quick: bool) -> "Plan":
+    def make(cls, quick: bool, startup_processes: int = 8) -> "Plan":
+        """`startup_processes`: the start-up section's largest count (the goals' 8). The test of the bench machinery
+        (tests/bench) passes 2: the same code at 2 processes at once takes a quarter of the time of 8 (each process
+        imports TensorFlow on the 2 cores); the 8-process goals are then not judged, with that reason."""
         if quick:  # what the goals need, once (ratios n=1): the SIF and the venv at 1 and 8 processes, 64 MB
             return cls(True, (1 << 10, 64 * MB), (64 * MB,), 3, 0.03, 1, 1,
-                       ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, 8), 1,
-                       ("sif", "sif_instance", "docker", "venv"), 0)
+                       ("--iters", "3", "--batches-per-iter", "5", "--warmup-batches", "2"), (1, startup_processes),
+                       1, ("sif", "sif_instance", "docker", "venv"), 0)
         return cls(False, tuple(1 << e for e in range(10, 29, 2)), (1 * MB, 16 * MB, 64 * MB, 256 * MB), 5, 0.1,
-                   3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"), (1, 4, 8), 2,
+                   3, 3, ("--iters", "5", "--batches-per-iter", "10", "--warmup-batches", "3"),
+                   tuple(sorted({1, min(4, startup_processes), startup_processes})), 2,
                    tuple(STARTUP_MODES), 3)
 
 

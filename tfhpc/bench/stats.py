@@ -154,11 +154,12 @@ class Goal:
     text: str
     at_most: bool = False
 
-    def judge(self, figure: Figure | None) -> dict:
+    def judge(self, figure: Figure | None, missing: str = "figure missing") -> dict:
+        """`missing`: the reason when the run has no such figure (a plan without it)."""
         result = {"id": self.id, "figure": self.figure, "target": self.target, "text": self.text,
                   "at_most": self.at_most}
         if figure is None or not figure.measured:
-            reason = figure.reason if figure is not None else "figure missing"
+            reason = figure.reason if figure is not None else missing
             return {**result, "met": None, "value": None, "verdict": f"not judged: {reason}"}
         value = figure.median
         met = value <= self.target if self.at_most else value >= self.target

@@ -31,6 +31,11 @@ TRAIN_IDS = [
      "img/s"),
     ("train.efficiency.container.hvd_pinned", "train", "2-worker efficiency X2 / 2X1, each worker bound to one core",
      "ratio"),
+    # The Keras of tf.keras: the entrypoints train with Keras 3 by default; tf_keras (--keras 2) side by side.
+    ("train.container.hvd2_tfkeras", "train", "container, Horovod, 2 workers, tf_keras: images/s (total)", "img/s"),
+    ("train.container.mwms2_tfkeras", "train", "container, MWMS, 2 workers, tf_keras: images/s (total)", "img/s"),
+    ("train.ratio.keras3_tfkeras.hvd2", "train", "Keras 3 / tf_keras images/s, Horovod, 2 workers", "ratio"),
+    ("train.ratio.keras3_tfkeras.mwms2", "train", "Keras 3 / tf_keras images/s, MWMS, 2 workers", "ratio"),
     ("train.container.hvd2_glibc", "train", "container, Horovod, 2 workers, glibc malloc: images/s (total)", "img/s"),
     ("train.ratio.tcmalloc_glibc.hvd2", "train", "images/s with the image's tcmalloc / glibc malloc, 2 workers",
      "ratio"),
@@ -62,6 +67,9 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
         "host.hvd2": lambda: host_mpirun(ctx.config.mpi, 2, f"python {script} --mode horovod {args}", host_env),
         "container.mwms2": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args}"),
         "container.hvd2_gloo": lambda: app.run(f"horovodrun -np 2 --gloo tfhpc-benchmark-hvd {args}"),
+        "container.hvd2_tfkeras": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args} --keras 2"),
+        "container.mwms2_tfkeras": lambda: app.run(f"tfhpc-launch-local-mwms -n 2 -- tfhpc-benchmark-mwms {args} "
+                                                   "--keras 2"),
         "container.hvd2_glibc": lambda: app.run(f"mpirun -np 2 tfhpc-benchmark-hvd {args}", env={"LD_PRELOAD": ""}),
         "container.hvd1_pinned": lambda: app.run(f"{pinned} -np 1 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
         "container.hvd2_pinned": lambda: app.run(f"{pinned} -np 2 tfhpc-benchmark-hvd {args}", env=PINNED_ENV),
@@ -70,6 +78,9 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
     totals: dict[str, list[float]] = {name: [] for name in runs}
     iteration_totals: dict[str, list[float]] = {name: [] for name in runs}
     failed: dict[str, str] = {} if venv_ready else {"host.hvd1": host_reason, "host.hvd2": host_reason}
+    if not ctx.config.keras_patches:  # the stacks with Keras 3 patch it; without Keras 3 both runs would be Keras 2
+        failed.update(dict.fromkeys(("container.hvd2_tfkeras", "container.mwms2_tfkeras"),
+                                    f"stack {ctx.config.stack} has no Keras 3 to compare tf_keras with"))
     for round_ in range(plan.train_rounds):
         for name, run in runs.items():
             if name in failed:
@@ -109,6 +120,9 @@ def bench_training(ctx: Context, app: AppContainer) -> None:
             "median of per-round efficiencies (X1 and X2 run back to back)")
     add("train.ratio.hvd_mwms", ["container.hvd2", "container.mwms2"],
         lambda: ratios(totals["container.hvd2"], totals["container.mwms2"]), per_round)
+    for mode in ("hvd2", "mwms2"):
+        a, b = f"container.{mode}", f"container.{mode}_tfkeras"
+        add(f"train.ratio.keras3_tfkeras.{mode}", [a, b], lambda a=a, b=b: ratios(totals[a], totals[b]), per_round)
     add("train.ratio.tcmalloc_glibc.hvd2", ["container.hvd2", "container.hvd2_glibc"],
         lambda: ratios(totals["container.hvd2"], totals["container.hvd2_glibc"]), per_round)
     add("train.efficiency.container.hvd_pinned", ["container.hvd2_pinned", "container.hvd1_pinned"],

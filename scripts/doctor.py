@@ -551,8 +551,9 @@ def check_script(report, path, probe, environ=os.environ):
                    "give --script the path of the training script as this rank sees it")
         return
     if "tf_keras" in probe:
-        legacy = probe["tf_keras"][0] == "tf_keras"
-        tf_keras = f"{probe['tf_keras'][0]} {probe['tf_keras'][1]}"
+        package, version = probe["tf_keras"]
+        legacy = package == "tf_keras"
+        tf_keras = f"tf_keras {version}" if legacy else f"Keras {version}"
     else:  # the probe failed: tf.keras as TensorFlow >= 2.16 decides it
         legacy = environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
         tf_keras = "tf_keras" if legacy else "Keras 3"

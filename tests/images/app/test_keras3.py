@@ -258,15 +258,22 @@ def test_horovod_load_model_wraps_the_keras3_optimizer_and_keeps_its_state(image
 # model and optimizer: horovodrun --gloo in elastic mode on this one host (tests/support/programs/keras3_elastic_state.py
 # says what it does). tests/cluster/test_elastic.py loses and regains a node with the tf_keras entrypoints.
 
-def elastic(work, keras_name, mode):
-    return (f"horovodrun -np 2 --min-np 1 --max-np 2 --gloo --host-discovery-script {work}/discover "
-            f"python {work}/keras3_elastic_state.py {keras_name} {mode}")
+def elastic(work, keras_name, mode, output_dir=""):
+    # HOROVOD_ELASTIC_TIMEOUT: once both ranks failed (the test without patch 0009), this host is blacklisted and the
+    # driver would wait 600 s for another; timeout: a driver whose workers never report would wait for ever.
+    output = f"--output-filename {output_dir} " if output_dir else ""
+    return (f"HOROVOD_ELASTIC_TIMEOUT=30 timeout 300 horovodrun -np 2 --min-np 1 --max-np 2 --gloo --host-discovery-script {work}/discover "
+            f"{output}python {work}/keras3_elastic_state.py {keras_name} {mode}")
 
 
 @pytest.fixture(scope="module")
 def elastic_reports(host, work):
-    return {"keras": run_ranks(host, elastic(work, "keras", "restore"), 2),
-            "tf.keras": run_ranks(host, "TF_USE_LEGACY_KERAS=0 " + elastic(work, "tf.keras", "restore"), 2)}
+    # Each rank's output to a file of its own: the RESULT lines are long (every commit).
+    return {"keras": run_ranks(host, elastic(work, "keras", "restore", f"{work}/elastic-keras"), 2,
+                               output_dir=f"{work}/elastic-keras"),
+            "tf.keras": run_ranks(host, "TF_USE_LEGACY_KERAS=0 " + elastic(work, "tf.keras", "restore",
+                                                                           f"{work}/elastic-tf-keras"), 2,
+                                  output_dir=f"{work}/elastic-tf-keras")}
 
 
 @pytest.mark.parametrize("keras_name", ["keras", "tf.keras"])

@@ -6,7 +6,8 @@
 
 KERAS: `keras` (import keras) or `tf.keras` (Keras 3 too under TF_USE_LEGACY_KERAS=0). Each rank starts from its own
 initial weights; hvd.elastic.run syncs rank 0's state; model.fit runs with horovod.tensorflow.keras.elastic's commit,
-batch and epoch callbacks; in epoch 2, after step 13, every rank fails once:
+batch and epoch callbacks (Horovod's elastic Keras example: `fit(epochs=EPOCHS - state.epoch)`); in epoch 2, after
+step 13, every rank fails once:
 - MODE restore: the script catches the failure, restores the last commit, puts other values into rank 1's weights
   and epoch, syncs (rank 0's state to every rank) and fits on from state.epoch;
 - MODE reset: the failure is HorovodInternalError (as a failed collective raises it): hvd.elastic.run restores the
@@ -73,7 +74,8 @@ class FailOnce(keras.callbacks.Callback):
 
 
 def fit(callbacks):
-    history = model.fit(dataset, steps_per_epoch=STEPS, epochs=EPOCHS, initial_epoch=state.epoch, verbose=0,
+    # Horovod's elastic Keras example: the epochs left, counted from 0 (UpdateEpochStateCallback adds state.epoch).
+    history = model.fit(dataset, steps_per_epoch=STEPS, epochs=EPOCHS - state.epoch, verbose=0,
                         callbacks=[hvd.elastic.UpdateBatchStateCallback(state),
                                    hvd.elastic.UpdateEpochStateCallback(state),
                                    hvd.elastic.CommitStateCallback(state, batches_per_commit=COMMIT_EVERY), *callbacks])

@@ -262,8 +262,10 @@ def elastic(work, keras_name, mode, output_dir=""):
     # HOROVOD_ELASTIC_TIMEOUT: once both ranks failed (the test without patch 0009), this host is blacklisted and the
     # driver would wait 600 s for another; timeout: a driver whose workers never report would wait for ever.
     output = f"--output-filename {output_dir} " if output_dir else ""
-    return (f"HOROVOD_ELASTIC_TIMEOUT=30 timeout 300 horovodrun -np 2 --min-np 1 --max-np 2 --gloo --host-discovery-script {work}/discover "
-            f"{output}python {work}/keras3_elastic_state.py {keras_name} {mode}")
+    # --network-interface lo: on one host the elastic driver cannot compare the interfaces of two hosts and waits
+    # for a second one (the first run timed out "waiting for minimum number of slots").
+    return (f"HOROVOD_ELASTIC_TIMEOUT=30 timeout 300 horovodrun -np 2 --min-np 1 --max-np 2 --gloo "
+            f"--network-interface lo --host-discovery-script {work}/discover {output}python {work}/keras3_elastic_state.py {keras_name} {mode}")
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,10 @@ Run it as one rank, or as every rank of a job the way the training will be launc
 The launcher's rank 0 prints the whole report; other ranks print only their warnings and failures (every rank
 prints its report with --json, one JSON object per line). Exit status 1 when a check fails.
 
+With --script train.py it also reads the training script (without running it): which Keras each Keras name resolves
+to here (`keras`, `tf.keras` under TF_USE_LEGACY_KERAS, `tf_keras`), and a model trained with the optimizer, loss or
+callback of another Keras, with the fix.
+
 Horovod, MPI and TensorFlow are probed in a child process that inherits this rank's environment: a launch that
 cannot wire up MPI (srun without PMI for the image's MPI) aborts the child, not the report.
 """
@@ -22,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tfhpc_runtime import fabric, hostenv, singlecopy
+from tfhpc_runtime import fabric, hostenv, kerasnames, singlecopy
 from tfhpc_runtime.cluster import PROXY_VARIABLES, ipv4_address, slurm_port_base, tf_config_problem
 from tfhpc_runtime.files import atomic_write_bytes
 from tfhpc_runtime.gpu import driver_cuda_version, nccl_version
@@ -536,6 +540,49 @@ def check_keras(report, probe, patch_dir=KERAS_PATCH_DIR):
                "; a model, its optimizer and its callbacks must come from the same one")
 
 
+def check_script(report, path, probe, environ=os.environ):
+    """Which Keras each Keras name of a user's script resolves to here, and a mix of two Keras in one model's
+    training, with the fix (tfhpc_runtime/kerasnames.py)."""
+    name = os.path.basename(path)
+    try:
+        names = kerasnames.keras_names(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
+        report.add("script", f"keras in {name}", FAIL, f"cannot read {path} as Python ({error})",
+                   "give --script the path of the training script as this rank sees it")
+        return
+    if "tf_keras" in probe:
+        package, version = probe["tf_keras"]
+        legacy = package == "tf_keras"
+        tf_keras = f"tf_keras {version}" if legacy else f"Keras {version}"
+    else:  # the probe failed: tf.keras as TensorFlow >= 2.16 decides it
+        legacy = environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
+        tf_keras = "tf_keras" if legacy else "Keras 3"
+    legacy_note = f" (TF_USE_LEGACY_KERAS={environ.get('TF_USE_LEGACY_KERAS', '')})"
+    what = {kerasnames.KERAS3: f"Keras {probe.get('keras') or 3}", kerasnames.TF_KERAS: "tf_keras (Keras 2)",
+            kerasnames.LEGACY: tf_keras + legacy_note, kerasnames.HOROVOD: "Horovod, either Keras"}
+    seen = {}
+    for use in names:
+        seen.setdefault(use["name"], use)
+    detail = "; ".join(f"{n} (line {use['line']}) -> {what[use['root']]}" for n, use in seen.items())
+    report.add("script", f"keras in {name}", INFO, detail or "no Keras name")
+    mix = kerasnames.find_mix(names, legacy)
+    report.facts.setdefault("scripts", {})[path] = {
+        "names": [{**use, "keras": kerasnames.keras_of(use["root"], legacy)} for use in names],
+        "mix": [{"name": use["name"], "line": use["line"]} for use in [mix[0], *mix[1]]] if mix else None}
+    if mix:
+        model, others = mix
+        other = others[0]
+        more = ", ".join(use["name"] for use in others[1:4])
+        also = f"; also {more}" if more else ""
+        fails = other["role"] in ("optimizer", "model")  # compile refuses it; the rest may run or fail in fit
+        report.add("script", f"keras mix in {name}", FAIL if fails else WARN,
+                   f"a Keras {kerasnames.keras_of(model['root'], legacy)} model ({model['name']}, line "
+                   f"{model['line']}) with a Keras {kerasnames.keras_of(other['root'], legacy)} {other['role']} "
+                   f"({other['name']}, line {other['line']}){also}", kerasnames.mix_fix(model, other, legacy))
+    elif any(use["role"] == "model" for use in names):
+        report.add("script", f"keras mix in {name}", OK, "the model and what trains it come from one Keras")
+
+
 def launcher_fds(environ=os.environ):
     """File descriptors the launcher handed this rank, which the probe (a child) must inherit to wire MPI up: the PMI-1
     socket of MPICH's and Intel MPI's hydra (PMI_FD); subprocess closes every other descriptor."""
@@ -580,7 +627,7 @@ def run_mpi_library_probe(timeout=60):
     return None
 
 
-def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
+def diagnose(timeout=PROBE_TIMEOUT, hosts="", scripts=()):
     report = Report()
     launch = launcher_view()
     mpi_library = run_mpi_library_probe()
@@ -598,6 +645,8 @@ def diagnose(timeout=PROBE_TIMEOUT, hosts=""):
     check_proxies(report, tf_config)
     check_build(report, probe, probe_error)
     check_keras(report, probe)
+    for path in scripts:
+        check_script(report, path, probe)
     report.facts["probe"] = probe
     return report, launch
 
@@ -634,8 +683,11 @@ def main():
     parser.add_argument("--output", metavar="PATH",
                         help="write the report to PATH instead of standard output, '{rank}' and '{host}' replaced "
                              "(one file per rank: a launcher may split long lines of several ranks)")
+    parser.add_argument("--script", action="append", default=[], metavar="PATH",
+                        help="a training script: which Keras each of its Keras names is here, and whether it mixes "
+                             "two (repeat for more scripts)")
     args = parser.parse_args()
-    report, launch = diagnose(args.timeout, args.hosts)
+    report, launch = diagnose(args.timeout, args.hosts, args.script)
     if args.json:
         text = json.dumps({"schema_version": SCHEMA_VERSION, "host": socket.gethostname(), "rank": launch["rank"],
                            "ok": not report.failed, "summary": report.summary(), "checks": report.checks,

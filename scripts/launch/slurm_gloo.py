@@ -18,24 +18,10 @@ import time
 from pathlib import Path
 
 from tfhpc_runtime.cli import Parser
-from tfhpc_runtime.cluster import ipv4_address, slurm_port_base
+from tfhpc_runtime.cluster import ipv4_address, slurm_port_base, slurm_step
 from tfhpc_runtime.errors import fail
 
 RENDEZVOUS_OFFSET = 31  # the last port of the job's block (MWMS workers use the first ones)
-
-
-def slurm_plan():
-    """(hosts in order, tasks per host, rank, this host) from the srun step's environment."""
-    missing = [v for v in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
-                           "SLURM_NODEID", "SLURM_LOCALID") if v not in os.environ]
-    if missing:
-        fail(f"not inside an srun step ({', '.join(missing)} unset): start it as "
-             "`srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo COMMAND`")
-    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (  # Slurm's host-list syntax
-        expand_hostlist, expand_tasks_per_node)
-    hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
-    tasks = expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"])
-    return hosts, tasks, int(os.environ["SLURM_PROCID"]), hosts[int(os.environ["SLURM_NODEID"])]
 
 
 def interface_towards(address):
@@ -70,7 +56,7 @@ def main():
     args = parser.parse_args()
     if not args.command:
         fail("no command given: tfhpc-slurm-gloo COMMAND [ARGS...], e.g. tfhpc-smoke-collectives")
-    hosts, tasks, rank, host = slurm_plan()
+    hosts, tasks, rank, host = slurm_step("srun --mpi=none apptainer exec image.sif tfhpc-slurm-gloo COMMAND")
     job = os.environ.get("SLURM_JOB_ID", "0")
     port = args.port or slurm_port_base(int(job) if job.isdigit() else 0) + RENDEZVOUS_OFFSET
     address = socket.gethostbyname(hosts[0])

@@ -15,9 +15,11 @@ from tfhpc.sif import sif_path
 
 
 def sbatch(cluster, sif, script, arguments="", options="", timeout=900, environment=""):
-    """Submit a job script as the user, wait for it; returns (job id, job state, exit status, output)."""
+    """Submit a job script (shipped, or an absolute path) as the user, wait for it; returns (job id, job state, exit
+    status, output)."""
+    path = script if script.startswith("/") else f"/jobs/scripts/{script}"
     rc, out = cluster.run("ctl", f"cd /jobs/out && TFHPC_SIF={sif} {environment} sbatch --parsable --wait {options} "
-                                 f"--output=/jobs/out/%j.out /jobs/scripts/{script} {arguments}", timeout=timeout)
+                                 f"--output=/jobs/out/%j.out {path} {arguments}", timeout=timeout)
     match = re.search(r"^(\d+)", out, re.M)
     assert match, f"sbatch gave no job id:\n{out}"
     job = match.group(1)
@@ -54,6 +56,42 @@ def test_gloo_job_without_mpi_allreduces_on_two_nodes(slurm_cluster, sif):
     assert [(r["rank"], r["size"], r["controller"]) for r in reports] == [(0, 2, "gloo"), (1, 2, "gloo")], output
     assert {r["host"] for r in reports} == set(NODES)
     assert not any(r["failures"] for r in reports)
+
+
+# A user's own Keras 3 scripts (the shipped examples, unchanged) in one allocation of 2 nodes: Horovod's
+# DistributedOptimizer and callbacks under srun --mpi=pmix, then MultiWorkerMirroredStrategy fit with TF_CONFIG from
+# the step (tfhpc-slurm-tf-config).
+KERAS3_JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=10
+set -euo pipefail
+mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms
+srun --mpi=pmix apptainer exec "$TFHPC_SIF" python /opt/tfhpc/examples/keras3_hvd_fit.py keras3-$SLURM_JOB_ID/hvd
+srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python /opt/tfhpc/examples/keras3_mwms_fit.py \\
+    keras3-$SLURM_JOB_ID/mwms
+"""
+
+
+@pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
+def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
+    rc, out = slurm_cluster.run("ctl", f"printf %s {shlex.quote(KERAS3_JOB)} > /jobs/out/keras3.sbatch")
+    assert rc == 0, out
+    job, state, rc, output = sbatch(slurm_cluster, sif, "/jobs/out/keras3.sbatch")
+    assert (rc, state) == (0, "COMPLETED"), output[-3000:]
+    _, nodes = slurm_cluster.run("ctl", f"scontrol show job {job} | grep -o ' NodeList=[^ ]*'")
+    assert nodes.strip() == "NodeList=node[1-2]", nodes
+    reports = results(output)
+    horovod = [r for r in reports if "size" in r]
+    mwms = [r for r in reports if "workers" in r]
+    assert [(r["rank"], r["size"]) for r in horovod] == [(0, 2), (1, 2)], output[-3000:]
+    assert [(r["rank"], r["workers"]) for r in mwms] == [(0, 2), (1, 2)], output[-3000:]
+    for report in horovod + mwms:
+        assert report["losses"][-1] < 0.75 * report["losses"][0], report["losses"]
+    assert horovod[0]["weights_digest"] == horovod[1]["weights_digest"]
+    assert horovod[0]["reloaded_equal"] is True
+    assert mwms[0]["weights_digest"] == mwms[1]["weights_digest"]
+    assert mwms[0]["reloaded_digest"] == mwms[0]["weights_digest"] and mwms[0]["keras"].startswith("3.")
 
 
 def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):

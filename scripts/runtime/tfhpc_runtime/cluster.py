@@ -125,6 +125,31 @@ def plan_cluster(args):
     return plan
 
 
+def slurm_step(launcher):
+    """(hosts in order, tasks per host, rank, this host) from the srun step's environment; a one-line error naming
+    `launcher` (how to start it under srun) outside a step."""
+    missing = [v for v in ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+                           "SLURM_NODEID", "SLURM_LOCALID") if v not in os.environ]
+    if missing:
+        fail(f"not inside an srun step ({', '.join(missing)} unset): start it as `{launcher}`")
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (  # Slurm's host-list syntax
+        expand_hostlist, expand_tasks_per_node)
+    hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+    tasks = expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"])
+    return hosts, tasks, int(os.environ["SLURM_PROCID"]), hosts[int(os.environ["SLURM_NODEID"])]
+
+
+def slurm_tf_config(hosts, tasks, rank, host, local_id, port_base):
+    """TF_CONFIG (a dict) of the srun step's task `rank`: every task a worker, in rank order, the tasks of a node on
+    consecutive ports from `port_base` (the addresses SlurmClusterResolver gives them). None when Slurm did not
+    place the tasks in blocks (rank order = node order), which the list assumes."""
+    workers = [f"{name}:{port_base + index}" for name, count in zip(hosts, tasks) for index in range(count)]
+    expected = sum(tasks[:hosts.index(host)]) + local_id
+    if expected != rank:
+        return None
+    return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
+
+
 def remove_proxies(keep=False):
     """gRPC (MultiWorkerMirroredStrategy's transport) would send worker-to-worker traffic through an HTTP proxy set
     in the environment; remove them before the strategy starts. Returns what was removed."""

@@ -124,3 +124,69 @@ def test_output_file_holds_the_whole_report_and_a_bad_path_is_one_line(host, ima
     result = host.run("tfhpc-doctor --output /proc/forbidden/doctor.txt")
     assert result.rc != 0 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "cannot write /proc/forbidden/doctor.txt" in result.stderr and "--output" in result.stderr
+
+
+KERAS3 = pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
+# A user's script that trains a Keras 3 model with the optimizer and a callback of tf.keras, which is tf_keras under
+# the image's TF_USE_LEGACY_KERAS=1.
+MIXED_SCRIPT = """import numpy as np
+import tensorflow as tf
+import keras
+x, y = np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32")
+model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(2)])
+model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+model.fit(x, y, epochs=1, verbose=0, callbacks=[tf.keras.callbacks.TerminateOnNaN()])
+print("trained")
+"""
+
+
+@pytest.fixture(scope="module")
+def script_reports(host):
+    """The doctor on a mixed script and on a shipped example (one Keras), under the image's TF_USE_LEGACY_KERAS=1 and
+    under 0, and the mixed script itself under both."""
+    host.check_output(f"printf '%s' {shlex.quote(MIXED_SCRIPT)} > /tmp/mixed.py")
+    scripts = "--script /tmp/mixed.py --script /opt/tfhpc/examples/keras3_hvd_fit.py"
+    found = {}
+    for legacy in ("1", "0"):
+        rc, out, _ = doctor(host, f"TF_USE_LEGACY_KERAS={legacy}", f"--json {scripts}")
+        run = host.run(f"TF_USE_LEGACY_KERAS={legacy} python /tmp/mixed.py")
+        found[legacy] = (rc, reports(out)[0], run)
+    rc, text, _ = doctor(host, "", scripts)
+    return found, rc, text
+
+
+@KERAS3
+def test_doctor_names_a_keras_mix_in_a_script_with_the_fix(image_layer, script_reports):
+    found, _, _ = script_reports
+    rc, report, run = found["1"]
+    names = check(report, "keras in mixed.py")["detail"]
+    assert "keras.Sequential (line 5) -> Keras 3." in names
+    assert f"tf.keras.optimizers.SGD (line 6) -> tf_keras {CONFIG.versions['tf_keras']} (TF_USE_LEGACY_KERAS=1)" \
+        in names
+    mix = check(report, "keras mix in mixed.py")
+    assert rc == 1 and mix["status"] == "fail", mix
+    assert mix["detail"] == ("a Keras 3 model (keras.Sequential, line 5) with a Keras 2 optimizer "
+                             "(tf.keras.optimizers.SGD, line 6); also tf.keras.callbacks.TerminateOnNaN")
+    assert mix["fix"] == ("write keras.optimizers.SGD instead of tf.keras.optimizers.SGD (line 6): the model's Keras, "
+                          "or export TF_USE_LEGACY_KERAS=0 so that tf.keras is Keras 3 too")
+    assert [n["keras"] for n in report["facts"]["scripts"]["/tmp/mixed.py"]["names"]][:4] == ["3", "3", "3", "2"]
+    # As the doctor says: the script fails in compile.
+    assert run.rc != 0 and "trained" not in run.stdout, run.stdout + run.stderr
+    assert check(report, "keras mix in keras3_hvd_fit.py")["status"] == "ok"
+
+
+@KERAS3
+def test_doctor_finds_no_mix_once_tf_keras_is_keras3_and_the_script_trains(image_layer, script_reports):
+    found, _, _ = script_reports
+    rc, report, run = found["0"]
+    assert rc == 0 and check(report, "keras mix in mixed.py")["status"] == "ok", report["checks"]
+    assert "tf.keras.optimizers.SGD (line 6) -> Keras 3." in check(report, "keras in mixed.py")["detail"]
+    assert run.rc == 0 and "trained" in run.stdout, run.stdout + run.stderr
+
+
+@KERAS3
+def test_doctor_text_report_shows_the_mix_and_its_fix(image_layer, script_reports):
+    _, rc, text = script_reports
+    assert rc == 1
+    assert "[FAIL] keras mix in mixed.py: a Keras 3 model (keras.Sequential, line 5)" in text
+    assert "fix: write keras.optimizers.SGD instead of tf.keras.optimizers.SGD (line 6)" in text

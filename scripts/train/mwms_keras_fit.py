@@ -33,6 +33,7 @@ from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch
                                 train_dataset)
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.kerasselect import keras_version, select_keras
 from tfhpc_runtime.metrics import configure_threads
 from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
@@ -54,6 +55,11 @@ def main():
     plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
     removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
     per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
+
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
+    if args.backup_dir and args.keras == "3":
+        fail("--backup-dir in mwms_keras_fit runs with Keras 2 only (Keras 3's BackupAndRestore restores whole "
+             "epochs, not the step): add --keras 2, or use tfhpc-train-mwms-loop, whose backup works with both")
 
     import tensorflow as tf
 
@@ -154,7 +160,8 @@ def main():
     flat = flat_weights(model)
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     report({
-        "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit", "cluster_source": plan["source"],
+        "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
+        "keras": keras_version(tf), "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "port_base": plan.get("port_base"), "is_chief": chief,
         "removed_proxy_variables": removed_proxies, "collective": args.collective,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,

@@ -4,13 +4,13 @@ import pytest
 
 from tfhpc_runtime.kerasselect import available, select_keras
 
-LATEST = {"tensorflow-cpu": "2.21.0", "keras": "3.15.1", "tf-keras": "2.21.0"}
-CONSERVATIVE = {"tensorflow": "2.15.1", "keras": "2.15.0"}
-KERAS3_ONLY = {"tensorflow": "2.21.0", "keras": "3.15.1"}
+LATEST = {"tensorflow-cpu": "2.30.0", "keras": "3.20.0", "tf-keras": "2.30.0"}
+CONSERVATIVE = {"tensorflow": "2.14.9", "keras": "2.14.0"}
+KERAS3_ONLY = {"tensorflow": "2.30.0", "keras": "3.20.0"}
 
 
 @pytest.mark.parametrize("versions, majors", [
-    (LATEST, ("3", "2")), (CONSERVATIVE, ("2",)), (KERAS3_ONLY, ("3",)), ({"keras": "3.15.1"}, ())])
+    (LATEST, ("3", "2")), (CONSERVATIVE, ("2",)), (KERAS3_ONLY, ("3",)), ({"keras": "3.20.0"}, ())])
 def test_available_kerases_default_first(versions, majors):
     assert available(versions) == majors
 
@@ -31,7 +31,7 @@ def test_the_choice_sets_tf_use_legacy_keras(versions, choice, variable, chosen,
 
 @pytest.mark.parametrize("versions, choice, variable, phrases", [
     (LATEST, None, "keras3", ["TFHPC_KERAS='keras3' is not a Keras major version", "set it to 3", "or 2"]),
-    (CONSERVATIVE, "3", None, ["--keras 3", "TensorFlow 2.15.1", "Keras 2 only", "use --keras 2"]),
+    (CONSERVATIVE, "3", None, ["--keras 3", "TensorFlow 2.14.9", "Keras 2 only", "use --keras 2"]),
     (CONSERVATIVE, None, "3", ["TFHPC_KERAS 3", "Keras 2 only", "use --keras 2"]),
     (KERAS3_ONLY, "2", None, ["--keras 2", "no tf_keras", "use --keras 3"]),
 ])

@@ -30,7 +30,7 @@ class Checkpoints:
 
     # What a checkpoint must match to be resumed: another --model or --optimizer gives other variables (a traceback
     # from TensorFlow, or a silent partial restore), another --dataset other batches.
-    IDENTITY_FLAGS = ("model", "optimizer", "dataset")
+    IDENTITY_FLAGS = ("model", "optimizer", "dataset", "keras")  # keras: each writes its own variables
     # How a position recorded in latest.json is named in the one-line error.
     POSITION_NAMES = {"ranks": "ranks", "global_batch": "global batch (--batch-size x ranks)",
                       "steps_per_epoch": "steps per epoch", "seed": "--seed", "shuffle_buffer": "--shuffle-buffer"}

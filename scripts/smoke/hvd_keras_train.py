@@ -17,7 +17,8 @@ import numpy as np
 
 from tfhpc_runtime.cli import report
 from tfhpc_runtime.gpu import DeviceError, choose_device, select_gpu
-from tfhpc_runtime.kerasselect import add_keras_arg, keras_version, select_keras
+from tfhpc_runtime.kerasselect import add_keras_arg, select_keras
+from tfhpc_runtime.model import keras_version
 
 
 def synthetic_classification(samples, features, classes, seed):
@@ -98,7 +99,7 @@ def main():
     result = {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(), "device": device, "losses": losses,
               "accuracy": float(history.history["accuracy"][-1]),
               "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
-              "keras_package": type(model).__module__.split(".")[0], "keras": keras_version(tf), "failures": failures}
+              "keras_package": type(model).__module__.split(".")[0], "keras": keras_version(model), "failures": failures}
     report(result, sort_keys=False)
     return 1 if failures else 0
 

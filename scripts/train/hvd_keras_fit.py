@@ -41,10 +41,10 @@ from tfhpc_runtime.elastic import (Timeline, add_elastic_args, check_elastic_arg
 from tfhpc_runtime.errors import fail, launch_size
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
-from tfhpc_runtime.kerasselect import keras_version, select_keras
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import (build_model, flat_weights, hvd_evaluate, make_optimizer, optimizer_variables,
-                                 scaled_lr)
+from tfhpc_runtime.model import (build_model, flat_weights, hvd_evaluate, keras_version, make_optimizer,
+                                 optimizer_variables, scaled_lr)
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_training_args, check_training_args, parse_epochs
 
@@ -200,7 +200,7 @@ def main():
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
         "rank": rank, "size": size, "script": "hvd_keras_fit",
-        "keras": keras_version(tf), "dataset": args.dataset, "model": args.model,
+        "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
         "lr": scaled_lr(args.lr, size, args.lr_scaling), "initial_epoch": start_epoch, "epochs": args.epochs,

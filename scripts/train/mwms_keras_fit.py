@@ -34,9 +34,9 @@ from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch
                                 train_dataset)
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import listing, save_weights_npz
-from tfhpc_runtime.kerasselect import keras_version, select_keras
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
+from tfhpc_runtime.model import build_model, flat_weights, keras_version, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_backup_args, add_training_args, check_training_args, parse_epochs
 
@@ -169,7 +169,7 @@ def main():
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     report({
         "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
-        "keras": keras_version(tf), "cluster_source": plan["source"],
+        "keras": keras_version(model), "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "port_base": plan.get("port_base"), "is_chief": chief,
         "removed_proxy_variables": removed_proxies, "collective": args.collective,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,

@@ -27,9 +27,9 @@ from tfhpc_runtime.cli import Parser, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.gpu import pin_gpu
-from tfhpc_runtime.kerasselect import add_keras_arg, keras_version, select_keras
+from tfhpc_runtime.kerasselect import add_keras_arg, select_keras
 from tfhpc_runtime.metrics import configure_threads, default_threads, throughput_summary
-from tfhpc_runtime.model import optimizer_variables
+from tfhpc_runtime.model import keras_version, optimizer_variables
 
 
 def main():
@@ -141,7 +141,7 @@ def main():
         table = gather_workers(tf, strategy, mine, workers, replicas_here)
     result = throughput_summary(table)
     result.update({"rank": rank, "size": workers, "script": "synthetic_benchmark", "mode": args.mode,
-                   "keras": keras_version(tf), "model": args.model, "image_size": image_size, "classes": classes,
+                   "keras": keras_version(model), "model": args.model, "image_size": image_size, "classes": classes,
                    "batch_per_replica": args.batch_size, "replicas_per_worker": replicas_here,
                    "iters": args.iters, "batches_per_iter": args.batches_per_iter, "intra_threads": threads,
                    "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),

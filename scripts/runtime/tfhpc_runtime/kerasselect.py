@@ -83,8 +83,3 @@ def select_keras(choice=None, environ=os.environ, versions=None):
     legacy = choice == "2" and "3" in majors
     environ["TF_USE_LEGACY_KERAS"] = "1" if legacy else "0"
     return choice
-
-
-def keras_version(tf):
-    """The version of the Keras that tf.keras is (after the import), for the RESULT lines."""
-    return str(tf.keras.__version__)

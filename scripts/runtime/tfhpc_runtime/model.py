@@ -45,10 +45,15 @@ def optimizer_variables(optimizer):
     return list(variables() if callable(variables) else variables)
 
 
+def keras_version(model):
+    """The version of the Keras package a model comes from (keras, tf_keras), for the RESULT lines: tf.keras itself
+    has no __version__ under tf_keras."""
+    return str(sys.modules[type(model).__module__.split(".")[0]].__version__)
+
+
 def keras_major(model):
-    """3 for a Keras 3 model, 2 for tf_keras or TensorFlow < 2.16's built-in Keras (from its package's version)."""
-    package = sys.modules[type(model).__module__.split(".")[0]]
-    return int(str(package.__version__).split(".")[0])
+    """3 for a Keras 3 model, 2 for tf_keras or TensorFlow < 2.16's built-in Keras."""
+    return int(keras_version(model).split(".")[0])
 
 
 def flat_weights(model):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Horovod + tf.keras training smoke test: a small classifier trained on synthetic data with
-hvd.DistributedOptimizer and the broadcast, metric-average and learning-rate warm-up callbacks.
+"""Horovod + tf.keras training smoke test (Keras 3 or tf_keras: --keras): a small classifier trained on synthetic
+data with hvd.DistributedOptimizer and the broadcast, metric-average and learning-rate warm-up callbacks.
 
 Each rank starts from different random weights on purpose (seed + rank): only the broadcast of the initial state
 makes them agree, and only averaged gradients keep them equal. Every rank prints a JSON line (prefix "RESULT ") with
@@ -14,12 +14,11 @@ import socket
 import sys
 
 import numpy as np
-import tensorflow as tf
-
-import horovod.tensorflow.keras as hvd
 
 from tfhpc_runtime.cli import report
 from tfhpc_runtime.gpu import DeviceError, choose_device, select_gpu
+from tfhpc_runtime.kerasselect import add_keras_arg, select_keras
+from tfhpc_runtime.model import keras_version
 
 
 def synthetic_classification(samples, features, classes, seed):
@@ -40,7 +39,12 @@ def main():
     parser.add_argument("--min-ranks", type=int, default=2)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"),
                         help="auto: each rank's GPU when there is one, else the CPU (said in one line)")
+    add_keras_arg(parser)
     args = parser.parse_args()
+    select_keras(args.keras)
+    # Here, not at the top: TensorFlow reads the Keras choice when it is imported.
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
 
     hvd.init()  # Horovod: initialize.
     gpus = tf.config.list_physical_devices("GPU")
@@ -71,7 +75,7 @@ def main():
     optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod: average gradients across ranks.
     model.compile(optimizer=optimizer,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], jit_compile=False)  # Horovod: its ops have no XLA kernels
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # Horovod: rank 0's initial weights everywhere.
         hvd.callbacks.MetricAverageCallback(),  # Horovod: report metrics averaged over ranks.
@@ -95,7 +99,7 @@ def main():
     result = {"host": socket.gethostname(), "rank": hvd.rank(), "size": hvd.size(), "device": device, "losses": losses,
               "accuracy": float(history.history["accuracy"][-1]),
               "weights_sum": float(flat.sum()), "max_weight_difference_across_ranks": max_difference,
-              "keras_package": type(model).__module__.split(".")[0], "failures": failures}
+              "keras_package": type(model).__module__.split(".")[0], "keras": keras_version(model), "failures": failures}
     report(result, sort_keys=False)
     return 1 if failures else 0
 

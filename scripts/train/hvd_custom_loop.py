@@ -34,8 +34,10 @@ from tfhpc_runtime.elastic import (Timeline, add_elastic_args, check_elastic_arg
 from tfhpc_runtime.errors import fail, launch_size
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
+from tfhpc_runtime.model import (build_model, flat_weights, hvd_evaluate, keras_version, make_optimizer,
+                                 optimizer_variables, scaled_lr)
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_training_args, check_training_args
 
@@ -50,6 +52,7 @@ def main():
     add_elastic_args(parser)
     args = parser.parse_args()
     check_training_args(args)
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
     check_elastic_args(args)
     per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
     stop = StopOnSignal()  # from now on SIGUSR1/SIGTERM only set a flag
@@ -82,8 +85,9 @@ def main():
     tf.keras.utils.set_random_seed(args.seed)  # the same global seed for the data pipeline on every rank
     optimizer = make_optimizer(tf, args, scaled_lr(args.lr, size, args.lr_scaling))
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    if args.elastic:
-        optimizer.build(model.trainable_variables)  # Horovod Elastic: the slots must exist to be committed
+    # The slots exist before the checkpoint is read (Keras 3 restores no variable created later) and, for Horovod
+    # Elastic, to be committed.
+    optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint (optimizer slots fill in when created).
         checkpoint.read(resume_from)
@@ -143,7 +147,7 @@ def main():
                     # Horovod: rank 0's complete state (weights and the optimizer's slots, created by the first
                     # step). Horovod Elastic broadcasts it at every (re)start instead.
                     hvd.broadcast_variables(model.variables, root_rank=0)
-                    hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+                    hvd.broadcast_variables(optimizer_variables(optimizer), root_rank=0)
                 state.totals = [state.totals[0] + float(loss), state.totals[1] + float(correct), state.totals[2] + 1]
                 state.samples = (step + 1) * batch * size
                 profiler.end(run["step"])
@@ -203,7 +207,8 @@ def main():
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
-        "rank": rank, "size": size, "script": "hvd_custom_loop", "dataset": args.dataset, "model": args.model,
+        "rank": rank, "size": size, "script": "hvd_custom_loop",
+        "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
         "lr": scaled_lr(args.lr, size, args.lr_scaling),

@@ -41,8 +41,10 @@ from tfhpc_runtime.elastic import (Timeline, add_elastic_args, check_elastic_arg
 from tfhpc_runtime.errors import fail, launch_size
 from tfhpc_runtime.files import listing, save_weights_npz
 from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import build_model, flat_weights, hvd_evaluate, make_optimizer, scaled_lr
+from tfhpc_runtime.model import (build_model, flat_weights, hvd_evaluate, keras_version, make_optimizer,
+                                 optimizer_variables, scaled_lr)
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_training_args, check_training_args, parse_epochs
 
@@ -60,6 +62,7 @@ def main():
     add_elastic_args(parser)
     args = parser.parse_args()
     check_training_args(args)
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
     check_elastic_args(args)
     per_replica_batch(args, launch_size())  # checked again once Horovod knows its size
     decay_epochs = parse_epochs(args.lr_decay_epochs)
@@ -97,7 +100,8 @@ def main():
     optimizer = make_optimizer(tf, args, lr)
     optimizer = hvd.DistributedOptimizer(optimizer)  # Horovod: average the gradients of all ranks.
     model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+                  metrics=["accuracy"], jit_compile=False)  # Horovod: its ops have no XLA kernels (Keras 3
+    # compiles fit's step with XLA where a GPU is visible, docs/keras.md).
     optimizer.build(model.trainable_variables)  # slots exist now, so that they can be restored and broadcast
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     if resume_from and chief:  # Horovod: rank 0 reads the checkpoint; the broadcast below hands it on.
@@ -108,7 +112,7 @@ def main():
     # step. hvd.callbacks.BroadcastGlobalVariablesCallback(0) does the same after the first batch, which suits
     # identical starts but lets ranks that resumed differently average gradients of different weights once.
     if not args.elastic:  # Horovod Elastic: KerasState broadcasts them at every (re)start
-        broadcast_variables(model.variables + optimizer.variables(), root_rank=0)
+        broadcast_variables(model.variables + optimizer_variables(optimizer), root_rank=0)
     initial_weights = flat_weights(model)
 
     extra = keras_callbacks(tf)
@@ -195,7 +199,8 @@ def main():
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
-        "rank": rank, "size": size, "script": "hvd_keras_fit", "dataset": args.dataset, "model": args.model,
+        "rank": rank, "size": size, "script": "hvd_keras_fit",
+        "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
         "lr": scaled_lr(args.lr, size, args.lr_scaling), "initial_epoch": start_epoch, "epochs": args.epochs,

@@ -32,8 +32,9 @@ from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch
                                 train_dataset)
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
+from tfhpc_runtime.model import build_model, flat_weights, keras_version, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_backup_args, add_training_args, check_training_args
 
@@ -49,6 +50,8 @@ def main():
     plan = plan_cluster(args)  # MWMS: TF_CONFIG checked, Slurm port base chosen, before TensorFlow starts.
     removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
     per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
+
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
 
     import tensorflow as tf
 
@@ -188,7 +191,8 @@ def main():
     flat = flat_weights(model)
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     report({
-        "rank": rank, "size": cluster["workers"], "script": "mwms_custom_loop", "cluster_source": plan["source"],
+        "rank": rank, "size": cluster["workers"], "script": "mwms_custom_loop",
+        "keras": keras_version(model), "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "is_chief": chief, "removed_proxy_variables": removed_proxies,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
         "global_batch": global_batch, "steps_per_epoch": steps, "lr": lr, "initial_epoch": start_epoch,

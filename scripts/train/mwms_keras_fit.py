@@ -18,13 +18,14 @@ part in a throw-away copy); --resume from the latest one; distributed evaluation
 Workers resuming must all see --checkpoint-dir (a shared file system). Every worker prints one "RESULT {json}" line.
 SIGUSR1 or SIGTERM saves and stops: the workers agree after every batch, the chief writes a checkpoint of that step,
 every worker exits with status 99; --resume auto continues there. --backup-dir DIR adds TensorFlow's own
-BackupAndRestore every --backup-every-steps steps (and at a signal's stop): a worker killed without warning costs at
-most that many steps, and the same command run again continues from the backup.
+BackupAndRestore every --backup-every-steps steps (and at a signal's stop; with Keras 3, whose callback restores whole
+epochs only, the custom loop's backup in the same layout): a worker killed without warning costs at most that many
+steps, and the same command run again continues from the backup.
 """
 import sys
 import time
 
-from tfhpc_runtime.backup import Backup
+from tfhpc_runtime.backup import Backup, LoopBackup
 from tfhpc_runtime.callbacks import keras_callbacks, tensorboard_callback
 from tfhpc_runtime.checkpoints import Checkpoints, export_saved_model
 from tfhpc_runtime.cli import Parser, log, report
@@ -33,8 +34,9 @@ from tfhpc_runtime.data import (auto_shard_options, load_data, per_replica_batch
                                 train_dataset)
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.files import listing, save_weights_npz
+from tfhpc_runtime.kerasselect import select_keras
 from tfhpc_runtime.metrics import configure_threads
-from tfhpc_runtime.model import build_model, flat_weights, make_optimizer, scaled_lr
+from tfhpc_runtime.model import build_model, flat_weights, keras_version, make_optimizer, scaled_lr
 from tfhpc_runtime.preemption import StopOnSignal
 from tfhpc_runtime.trainflags import add_backup_args, add_training_args, check_training_args, parse_epochs
 
@@ -55,6 +57,8 @@ def main():
     removed_proxies = remove_proxies(args.keep_proxy)  # MWMS: no HTTP proxy for gRPC.
     per_replica_batch(args, plan["workers"])  # checked again with the replicas the strategy finds
 
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
+
     import tensorflow as tf
 
     threads = configure_threads(tf, args.intra_threads, plan["local_workers"])
@@ -73,6 +77,7 @@ def main():
     start_epoch, start_step, resume_from = checkpoints.latest() if args.resume else (0, 0, None)
     # MWMS: TensorFlow's backup; Keras restores it in Model.fit, this run reads where and checks that it fits first.
     backup = Backup.for_training(args, chief, cluster["workers"], global_batch, steps) if args.backup_dir else None
+    keras_backup = backup and args.keras == "2"  # Keras 2's BackupAndRestore restores the step itself; Keras 3's not
     restored = None
     if backup:
         start_epoch, start_step, restored = backup.resume_point(tf)
@@ -88,12 +93,16 @@ def main():
                       metrics=["accuracy"])
         optimizer.build(model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        # MWMS, Keras 3: the custom loop's backup (model, optimizer, position), read here and resumed at its step.
+        loop_backup = (LoopBackup(tf, backup, rank, model=model, optimizer=optimizer)
+                       if backup and not keras_backup else None)
         if resume_from:  # MWMS: every worker reads the chief's checkpoint from the shared directory.
             checkpoint.read(resume_from).assert_existing_objects_matched()
             log(chief, f"resumed from {resume_from} after epoch {start_epoch}"
                        + (f" and {start_step} step(s) of epoch {start_epoch + 1}" if start_step else ""))
         if restored:
-            backup.check_restorable(tf, tf.train.Checkpoint(model=model), restored)
+            backup.check_restorable(tf, loop_backup.checkpoint if loop_backup else tf.train.Checkpoint(model=model),
+                                    restored)
             log(chief, f"resuming from the backup {restored} at step {start_step} of epoch {start_epoch + 1}")
     if backup:
         backup.write_record()
@@ -102,7 +111,8 @@ def main():
     shard_options = auto_shard_options(tf, args.auto_shard)  # MWMS: how workers split the data.
     test = test_dataset(tf, x_test, y_test, global_batch).with_options(shard_options)
     extra = keras_callbacks(tf)
-    backup_callback = extra.BackupEverySteps(backup, stop) if backup else None
+    backup_callback = extra.BackupEverySteps(backup, stop) if keras_backup else None
+    backups = backup_callback or loop_backup  # the backups written and the first step trained, for the RESULT line
 
     def fit_callbacks(first_step):
         callbacks = [extra.EpochLog(chief),
@@ -110,6 +120,8 @@ def main():
                      extra.SaveEachEpoch(checkpoints, checkpoint, participate=True, stop=stop)]  # MWMS: all save.
         if backup_callback:  # after SaveOnSignal, which sets stop.at
             callbacks.insert(2, backup_callback)
+        elif loop_backup:  # MWMS: every worker saves, the chief into the backup
+            callbacks.insert(2, extra.BackupSteps(loop_backup, stop, first_step))
         if decay_epochs:
             callbacks.insert(0, extra.StepDecay(lr, decay_epochs))
         if chief and args.log_steps:
@@ -119,11 +131,12 @@ def main():
         return callbacks
 
     # One Model.fit per stretch of whole epochs; a run resumed mid-epoch first finishes that epoch in a fit of its own.
-    # With a backup, one Model.fit: Keras itself starts at the backup's step and numbers the batches of whole epochs.
-    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step and not backup else []
+    # With Keras 2's backup, one Model.fit: Keras itself starts at the backup's step and numbers the batches of whole
+    # epochs.
+    stretches = [(start_epoch, start_epoch + 1, start_step)] if start_step and not keras_backup else []
     if start_epoch + bool(stretches) < args.epochs:
-        stretches.append((start_epoch + bool(stretches), args.epochs, start_step if backup else 0))
-    keras_skips = start_step if backup else 0  # steps of the first epoch that Keras itself skips
+        stretches.append((start_epoch + bool(stretches), args.epochs, start_step if keras_backup else 0))
+    keras_skips = start_step if keras_backup else 0  # steps of the first epoch that Keras itself skips
     started = time.time()
     histories = []
     for first_epoch, end_epoch, first_step in stretches:
@@ -139,10 +152,11 @@ def main():
             stop.exit({"rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
                        "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs,
                        "steps_per_epoch": steps, "checkpoints_written": checkpoints.written,
-                       "backup": backup.report(restored, backup_callback.written, backup_callback.first_step)
-                       if backup else None,
+                       "backup": backup.report(restored, backups.written, backups.first_step) if backup else None,
                        "weights_sum": float(flat_weights(model).sum()),
                        "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
+    if loop_backup:  # training has ended: the backup goes, as BackupAndRestore's does
+        loop_backup.finish()
     history = {key: [value for h in histories for value in h.get(key, [])]
                for key in ("loss", "accuracy", "lr_at_end")}
     seconds = time.time() - started
@@ -154,7 +168,8 @@ def main():
     flat = flat_weights(model)
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     report({
-        "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit", "cluster_source": plan["source"],
+        "rank": rank, "size": cluster["workers"], "script": "mwms_keras_fit",
+        "keras": keras_version(model), "cluster_source": plan["source"],
         "addresses": cluster["addresses"], "port_base": plan.get("port_base"), "is_chief": chief,
         "removed_proxy_variables": removed_proxies, "collective": args.collective,
         "replicas_in_sync": replicas, "dataset": args.dataset, "model": args.model, "batch_per_replica": batch,
@@ -166,7 +181,7 @@ def main():
         "intra_threads": threads, "weights_sum": float(flat.sum()),
         "max_weight_change": float(abs(flat - initial_weights).max()), "exported": exported,
         "checkpoints_written": checkpoints.written,
-        "backup": backup.report(restored, backup_callback.written, backup_callback.first_step) if backup else None,
+        "backup": backup.report(restored, backups.written, backups.first_step) if backup else None,
         "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None, "failures": []})
     return 0
 

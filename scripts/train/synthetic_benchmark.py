@@ -27,7 +27,9 @@ from tfhpc_runtime.cli import Parser, report
 from tfhpc_runtime.cluster import add_mwms_args, make_strategy, plan_cluster, remove_proxies
 from tfhpc_runtime.errors import fail
 from tfhpc_runtime.gpu import pin_gpu
+from tfhpc_runtime.kerasselect import add_keras_arg, select_keras
 from tfhpc_runtime.metrics import configure_threads, default_threads, throughput_summary
+from tfhpc_runtime.model import keras_version, optimizer_variables
 
 
 def main():
@@ -46,6 +48,7 @@ def main():
     parser.add_argument("--intra-threads", type=int, default=default_threads(),
                         help="TensorFlow intra-op threads per rank (0 = cores / ranks on the node)")
     add_mwms_args(parser)
+    add_keras_arg(parser)
     args = parser.parse_args()
     for name in ("batch_size", "batches_per_iter", "iters"):
         if getattr(args, name) < 1:
@@ -58,6 +61,7 @@ def main():
         fail("--image-size must be at least 32 and --classes at least 2")
     plan = plan_cluster(args) if args.mode == "mwms" else None  # MWMS: checked before TensorFlow starts.
     removed = remove_proxies(args.keep_proxy) if args.mode == "mwms" else []  # MWMS: no proxy for gRPC.
+    args.keras = select_keras(args.keras)  # before TensorFlow is imported: its import reads the choice
 
     import tensorflow as tf
 
@@ -102,7 +106,7 @@ def main():
 
         first = step()
         hvd.broadcast_variables(model.variables, root_rank=0)  # Horovod: rank 0's state, after the first step.
-        hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+        hvd.broadcast_variables(optimizer_variables(optimizer), root_rank=0)
     else:
         global_batch = args.batch_size * strategy.num_replicas_in_sync
 
@@ -137,7 +141,7 @@ def main():
         table = gather_workers(tf, strategy, mine, workers, replicas_here)
     result = throughput_summary(table)
     result.update({"rank": rank, "size": workers, "script": "synthetic_benchmark", "mode": args.mode,
-                   "model": args.model, "image_size": image_size, "classes": classes,
+                   "keras": keras_version(model), "model": args.model, "image_size": image_size, "classes": classes,
                    "batch_per_replica": args.batch_size, "replicas_per_worker": replicas_here,
                    "iters": args.iters, "batches_per_iter": args.batches_per_iter, "intra_threads": threads,
                    "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),

@@ -26,7 +26,8 @@ EPOCHS = 24  # long enough (about 2 min) for node3 to be killed, started again a
 # --lr 0.02 (0.06 with 3 ranks): with the default 0.05 x 3 and momentum 0.9 the loss climbed back after about 20
 # epochs in 2 of 2 runs of 50 epochs (to 2.31; in the run with per-epoch losses gradually from epoch 22, several epochs
 # after the last reset).
-TRAIN_FLAGS = f"--epochs {EPOCHS} --train-samples 6000 --batch-size 32 --lr 0.02 --verbose 0"
+# --keras 2: --elastic runs with tf_keras only (docs/keras.md)
+TRAIN_FLAGS = f"--epochs {EPOCHS} --train-samples 6000 --batch-size 32 --lr 0.02 --verbose 0 --keras 2"
 # The discovery script as a Slurm job would run it: the shipped one, with the job's node list in its environment.
 DISCOVER = "#!/bin/sh\nSLURM_JOB_NODELIST='node[1-3]' SLURM_NTASKS_PER_NODE=1 exec tfhpc-slurm-hosts --timeout 1\n"
 # A host whose rank failed is blacklisted; after this cooldown (seconds, randomised in the range) it may rejoin.

@@ -301,7 +301,8 @@ def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run
 # steps) has backed up the training state; the job fails, mwms-slurm-resolver.sbatch requeues it because the backup
 # exists, and the same command continues from the backup.
 
-MWMS_TRAINING = "--train-samples 3000 --test-samples 500 --epochs 3 --verbose 0"
+# --keras 2: Keras' own BackupAndRestore (tf_keras); the Keras 3 backup is tested in tests/images/app
+MWMS_TRAINING = "--train-samples 3000 --test-samples 500 --epochs 3 --verbose 0 --keras 2"
 BACKUP_EVERY = 10
 KILL_AT = "epoch 2/3 step 25/"
 KILL_WORKER = "pkill -KILL -f '[/]opt/tfhpc/scripts/train/'"  # on node2: the worker's Python process in apptainer

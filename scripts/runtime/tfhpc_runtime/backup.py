@@ -29,7 +29,7 @@ COUNTERS = ("ckpt_saved_epoch", "ckpt_saved_batch")  # Keras' variables in the b
 class Backup:
     """The backup directory of one training run: where it resumes, and whether its backup belongs to this run."""
 
-    IDENTITY_FLAGS = ("model", "optimizer", "dataset")
+    IDENTITY_FLAGS = ("model", "optimizer", "dataset", "keras")
     POSITION_NAMES = {"workers": "workers", "global_batch": "global batch (--batch-size x replicas)",
                       "steps_per_epoch": "steps per epoch", "seed": "--seed", "shuffle_buffer": "--shuffle-buffer"}
 
@@ -41,7 +41,7 @@ class Backup:
 
     @classmethod
     def for_training(cls, args, writer, workers, global_batch, steps_per_epoch):
-        identity = {flag: getattr(args, flag) for flag in cls.IDENTITY_FLAGS}
+        identity = {flag: getattr(args, flag) for flag in cls.IDENTITY_FLAGS if hasattr(args, flag)}
         position = {"workers": workers, "global_batch": global_batch, "steps_per_epoch": steps_per_epoch,
                     "seed": args.seed, "shuffle_buffer": args.shuffle_buffer}
         return cls(args.backup_dir, writer, args.backup_every_steps, identity, position)

@@ -95,6 +95,25 @@ def keras_callbacks(tf):
             self.delete_checkpoint = not self.stop.at
             super().on_train_end(logs)
 
+    class BackupSteps(tf.keras.callbacks.Callback):
+        """--backup-dir with Keras 3, whose BackupAndRestore restores the epoch but not the step: backup.LoopBackup
+        (model, optimizer and the two counters, in tf_keras' layout) every backup.every_steps steps and at the step
+        at which a signal stopped the workers (list it after SaveOnSignal). Every worker takes part. first_step:
+        steps of the first epoch done before this fit."""
+
+        def __init__(self, loop_backup, stop, first_step=0):
+            super().__init__()
+            self.loop_backup, self.stop, self.first_step, self.epoch = loop_backup, stop, first_step, 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.loop_backup.step_done(int(self.epoch), self.first_step + batch + 1, stopping=bool(self.stop.at))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.first_step = 0
+
     class StepLog(tf.keras.callbacks.Callback):
         """--log-steps: 'epoch E/EPOCHS step S/STEPS' every `every` steps."""
 
@@ -143,7 +162,8 @@ def keras_callbacks(tf):
             self.inner.on_train_end(logs)
 
     return argparse.Namespace(EpochLog=EpochLog, StepDecay=StepDecay, SaveEachEpoch=SaveEachEpoch,
-                              SaveOnSignal=SaveOnSignal, BackupEverySteps=BackupEverySteps, StepLog=StepLog,
+                              SaveOnSignal=SaveOnSignal, BackupEverySteps=BackupEverySteps, BackupSteps=BackupSteps,
+                              StepLog=StepLog,
                               ShiftBatches=ShiftBatches)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .errors import fail
 from .files import UMASK, atomic_write_bytes
+from .model import keras_major
 
 
 class Checkpoints:
@@ -29,7 +30,7 @@ class Checkpoints:
 
     # What a checkpoint must match to be resumed: another --model or --optimizer gives other variables (a traceback
     # from TensorFlow, or a silent partial restore), another --dataset other batches.
-    IDENTITY_FLAGS = ("model", "optimizer", "dataset")
+    IDENTITY_FLAGS = ("model", "optimizer", "dataset", "keras")  # keras: each writes its own variables
     # How a position recorded in latest.json is named in the one-line error.
     POSITION_NAMES = {"ranks": "ranks", "global_batch": "global batch (--batch-size x ranks)",
                       "steps_per_epoch": "steps per epoch", "seed": "--seed", "shuffle_buffer": "--shuffle-buffer"}
@@ -126,6 +127,15 @@ class Checkpoints:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def save_saved_model(model, path):
+    """A SavedModel for serving: Keras 3's model.export (its model.save writes .keras files only), tf_keras'
+    model.save in the "tf" format."""
+    if keras_major(model) >= 3:
+        model.export(path, verbose=False)
+    else:
+        model.save(path, save_format="tf")
+
+
 def export_saved_model(model, directory, writer):
     """SavedModel export, as the Lablup course ends its training. Every MWMS worker must take part in the save; the
     writer saves into a hidden temporary directory that is then renamed to `directory`, the others into a private one
@@ -133,7 +143,7 @@ def export_saved_model(model, directory, writer):
     if not writer:
         scratch = tempfile.mkdtemp(prefix="tfhpc-export-")
         try:
-            model.save(os.path.join(scratch, "model"), save_format="tf")
+            save_saved_model(model, os.path.join(scratch, "model"))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return None
@@ -142,7 +152,7 @@ def export_saved_model(model, directory, writer):
     temporary = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     try:
         os.chmod(temporary, 0o777 & ~UMASK)
-        model.save(str(temporary), save_format="tf")
+        save_saved_model(model, str(temporary))
         previous = final.with_name(f".{final.name}.old-{os.getpid()}")
         if final.exists():
             os.rename(final, previous)

@@ -1,6 +1,7 @@
 """The models and optimizers of the training entrypoints, learning-rate scaling, and exact evaluation under Horovod.
 TensorFlow (and Horovod) are passed in as `tf` (and `hvd`)."""
 import math
+import sys
 
 import numpy as np
 
@@ -36,6 +37,23 @@ def make_optimizer(tf, args, lr):
     if args.optimizer == "adam":
         return tf.keras.optimizers.Adam(learning_rate=lr)
     return tf.keras.optimizers.SGD(learning_rate=lr, momentum=args.momentum)
+
+
+def optimizer_variables(optimizer):
+    """An optimizer's variables as a list: a method in tf_keras, a property in Keras 3."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def keras_version(model):
+    """The version of the Keras package a model comes from (keras, tf_keras), for the RESULT lines: tf.keras itself
+    has no __version__ under tf_keras."""
+    return str(sys.modules[type(model).__module__.split(".")[0]].__version__)
+
+
+def keras_major(model):
+    """3 for a Keras 3 model, 2 for tf_keras or TensorFlow < 2.16's built-in Keras."""
+    return int(keras_version(model).split(".")[0])
 
 
 def flat_weights(model):

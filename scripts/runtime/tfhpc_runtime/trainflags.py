@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .data import check_data_args
 from .errors import fail
+from .kerasselect import add_keras_arg
 from .metrics import default_threads
 from .model import LR_SCALING
 
@@ -64,6 +65,7 @@ def add_training_args(parser, epochs=3, batch_size=32, lr=0.01, model="cnn"):
                              "SLURM_CPUS_PER_TASK (as the CSCS Piz Daint course's job script sets it), else (0) the "
                              "cores divided by the ranks on the node")
     parser.add_argument("--verbose", type=int, default=2, choices=(0, 1, 2), help="Keras verbosity on rank 0")
+    add_keras_arg(parser)
     return parser
 
 

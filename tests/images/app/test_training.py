@@ -22,6 +22,11 @@ What is proven, with the tolerances:
 - the SGD lab's figure: a PNG of the requested size that inflates and carries matplotlib's "Software" text, and an
   SVG whose text names every setting in its legend;
 - bad input: one line on stderr naming the fix, exit status 2, nothing written.
+
+Keras: the entrypoints run with the stack's default Keras (DEFAULT_KERAS: Keras 3 where TensorFlow has it), and with
+tf_keras (--keras 2, or TFHPC_KERAS=2) once per behaviour: learning, resume and the backup with mwms_keras_fit (whose
+--backup-dir is tf_keras only), gradient averaging with hvd_keras_fit; the signal with tf_keras is the backup's signal
+test. Every RESULT line names the Keras that ran. On the conservative stack both are its built-in Keras 2.
 """
 import json
 import re
@@ -42,6 +47,8 @@ RESUME_TOLERANCE = 1e-5
 WORK = "/tmp/tfhpc-training-tests"
 SMALL = "--train-samples 3000 --test-samples 500 --verbose 0"
 HVD = "horovodrun -np 2"
+DEFAULT_KERAS = "3" if "tf_keras" in CONFIG.versions else "2"  # the entrypoints' default (docs/keras.md)
+TF_KERAS = "--keras 2"
 
 
 def launch_mwms(command, workers=2):
@@ -69,31 +76,46 @@ ENTRYPOINTS = {
 }
 
 
+def tagged(name, keras):
+    """The files of a run with `keras` ("" for the default, TF_KERAS) have this name."""
+    return f"{name}-keras2" if keras else name
+
+
+# (entrypoint, Keras flags) of the full runs: each entrypoint with the default Keras, one with tf_keras
+FULL_RUNS = [(name, "") for name in ENTRYPOINTS] + [("mwms_keras_fit", TF_KERAS)]
+
+
 @pytest.fixture(scope="module")
 def full_runs(host, work):
-    """name -> (reports, weights file) of a 3-epoch, 2-rank run with checkpoints; run once, when first needed."""
+    """(name, keras) -> (reports, weights file) of a 3-epoch, 2-rank run with checkpoints; run once, when first
+    needed. The tf_keras run chooses its Keras as a job script would, with TFHPC_KERAS=2."""
     done = {}
 
-    def get(name):
-        if name not in done:
-            extra = f" --export-dir {work}/{name}-savedmodel --log-dir {work}/{name}-logs"
+    def get(name, keras=""):
+        tag = tagged(name, keras)
+        if tag not in done:
+            extra = f" --export-dir {work}/{tag}-savedmodel --log-dir {work}/{tag}-logs"
             if name.startswith("hvd"):
                 extra += " --different-init-per-rank"  # only the broadcast makes the ranks agree
-            args = (f"{SMALL} --epochs 3 --checkpoint-dir {work}/{name}-full-ckpt "
-                    f"--weights-out {work}/{name}-full.npz{extra}")
+            args = (f"{SMALL} --epochs 3 --checkpoint-dir {work}/{tag}-full-ckpt "
+                    f"--weights-out {work}/{tag}-full.npz{extra}")
             command = ENTRYPOINTS[name](args)
             if name.startswith("mwms"):  # a dead proxy: the workers must remove it to talk to each other over gRPC
                 command = f"env http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 {command}"
-            done[name] = run_ranks(host, command, 2), f"{work}/{name}-full.npz"
-        return done[name]
+            if keras:
+                command = f"env TFHPC_KERAS=2 {command}"
+            done[tag] = run_ranks(host, command, 2), f"{work}/{tag}-full.npz"
+        return done[tag]
 
     return get
 
 
-@pytest.mark.parametrize("name", list(ENTRYPOINTS))
-def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
-    reports, _ = full_runs(name)
-    print(f"{name}: losses {reports[0]['losses']}, test accuracy {reports[0]['test_accuracy']:.4f}, "
+@pytest.mark.parametrize("name, keras", FULL_RUNS)
+def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name, keras):
+    reports, _ = full_runs(name, keras)
+    tag = tagged(name, keras)
+    print(f"{tag}: keras {reports[0]['keras']}, losses {reports[0]['losses']}, "
+          f"test accuracy {reports[0]['test_accuracy']:.4f}, "
           f"{reports[0]['train_seconds']:.1f} s training")
     for report in reports:
         assert report["size"] == 2 and report["global_batch"] == 64 and report["failures"] == []
@@ -102,6 +124,7 @@ def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
         assert report["losses"][-1] < 0.5 * report["losses"][0], report["losses"]
         assert report["test_accuracy"] >= ACCURACY, report
         assert report["initial_epoch"] == 0
+        assert report["keras"].split(".")[0] == ("2" if keras else DEFAULT_KERAS), report["keras"]
     first, second = reports
     assert first["losses"] == pytest.approx(second["losses"], rel=1e-6), "every rank reports the averaged metrics"
     assert first["weights_sum"] == second["weights_sum"], "the replicas hold identical weights"
@@ -110,7 +133,7 @@ def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
     assert first["checkpoint_dir_listing"] == sorted([
         "epoch-0002", "epoch-0002/ckpt.data-00000-of-00001", "epoch-0002/ckpt.index",
         "epoch-0003", "epoch-0003/ckpt.data-00000-of-00001", "epoch-0003/ckpt.index", "latest.json"])
-    events = host.check_output(f"ls {WORK}/{name}-logs/train").split()
+    events = host.check_output(f"ls {WORK}/{tag}-logs/train").split()
     assert len(events) == 1 and events[0].startswith("events.out.tfevents."), events
     if name.startswith("hvd"):
         assert first["max_weight_difference_across_ranks"] == 0.0, "the broadcast made different starts agree"
@@ -118,9 +141,9 @@ def test_two_ranks_learn_the_glyphs(host, image_layer, full_runs, name):
         assert first["is_chief"] and not second["is_chief"]
         assert first["removed_proxy_variables"] == ["http_proxy", "https_proxy"]
         assert first["cluster_source"] == "tf_config" and len(first["addresses"]) == 2
-    assert first["exported"] == f"{WORK}/{name}-savedmodel" and second["exported"] is None
-    assert host.file(f"{WORK}/{name}-savedmodel/saved_model.pb").is_file
-    assert host.file(f"{WORK}/{name}-savedmodel/variables/variables.index").is_file
+    assert first["exported"] == f"{WORK}/{tag}-savedmodel" and second["exported"] is None
+    assert host.file(f"{WORK}/{tag}-savedmodel/saved_model.pb").is_file
+    assert host.file(f"{WORK}/{tag}-savedmodel/variables/variables.index").is_file
     leftovers = host.run(f"ls -a {WORK} /tmp | grep -E '\\.tmp$|^tfhpc-ckpt-|^tfhpc-export-'")
     assert leftovers.stdout.strip() == "", leftovers.stdout
 
@@ -245,22 +268,20 @@ def test_digits_file_missing_is_one_line_naming_the_fix(host, image_layer):
 EQUIVALENCE = "--epochs 2 --steps-per-epoch 10 --lr-scaling none --train-samples 1024 --test-samples 128 --verbose 0"
 
 
-@pytest.mark.parametrize("name, two, one", [
-    ("hvd_keras_fit", lambda a: f"{HVD} {python('hvd_keras_fit.py', a)}", lambda a: python("hvd_keras_fit.py", a)),
-    ("hvd_custom_loop", lambda a: f"{HVD} {python('hvd_custom_loop.py', a)}",
-     lambda a: python("hvd_custom_loop.py", a)),
-    ("mwms_keras_fit", lambda a: launch_mwms(python("mwms_keras_fit.py", a)),
-     lambda a: python("mwms_keras_fit.py", a)),
-])
-def test_two_ranks_average_gradients_like_one_process_with_twice_the_batch(host, image_layer, work, name, two, one):
+@pytest.mark.parametrize("name, keras", [("hvd_keras_fit", ""), ("hvd_custom_loop", ""), ("mwms_keras_fit", ""),
+                                         ("hvd_keras_fit", TF_KERAS)])
+def test_two_ranks_average_gradients_like_one_process_with_twice_the_batch(host, image_layer, work, name, keras):
     # Horovod shards by rank (rank r takes samples r, r+2, ...) and then shuffles its own shard, so the samples of a
     # step match only unshuffled (--shuffle-buffer 0); MWMS shuffles the whole set with the global seed and then
     # splits each global batch, so it matches with shuffling on (the default).
     shuffle = " --shuffle-buffer 0" if name.startswith("hvd") else ""
-    reports = run_ranks(host, two(f"{EQUIVALENCE}{shuffle} --batch-size 16 --weights-out {work}/{name}-eq2.npz"), 2)
-    single = run_ranks(host, one(f"{EQUIVALENCE}{shuffle} --batch-size 32 --weights-out {work}/{name}-eq1.npz"), 1)
+    tag = tagged(name, keras)
+    arguments = f"{EQUIVALENCE}{shuffle} {keras} --weights-out {work}/{tag}-eq"
+    reports = run_ranks(host, ENTRYPOINTS[name](f"{arguments}2.npz --batch-size 16"), 2)
+    single = run_ranks(host, python(f"{name}.py", f"{arguments}1.npz --batch-size 32"), 1)
     assert reports[0]["steps_per_epoch"] == single[0]["steps_per_epoch"] == 10
-    check_two_like_one(host, name, reports, single, f"{work}/{name}-eq2.npz", f"{work}/{name}-eq1.npz")
+    assert {report["keras"].split(".")[0] for report in reports + single} == {"2" if keras else DEFAULT_KERAS}
+    check_two_like_one(host, tag, reports, single, f"{work}/{tag}-eq2.npz", f"{work}/{tag}-eq1.npz")
 
 
 def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, work):
@@ -276,22 +297,23 @@ def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, 
 # ---------------------------------------------------------------------------------------------------------------- #
 # Resume: stop after epoch 1, rerun with --resume: continues at epoch 2, ends where the uninterrupted run ended.
 
-@pytest.mark.parametrize("name", list(ENTRYPOINTS))
-def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer, work, full_runs, name):
-    full, full_weights = full_runs(name)
-    directory = f"{work}/{name}-resume-ckpt"
-    first = run_ranks(host, ENTRYPOINTS[name](f"{SMALL} --epochs 1 --checkpoint-dir {directory}"), 2)
+@pytest.mark.parametrize("name, keras", FULL_RUNS)
+def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer, work, full_runs, name, keras):
+    full, full_weights = full_runs(name, keras)
+    tag = tagged(name, keras)
+    directory = f"{work}/{tag}-resume-ckpt"
+    first = run_ranks(host, ENTRYPOINTS[name](f"{SMALL} {keras} --epochs 1 --checkpoint-dir {directory}"), 2)
     assert first[0]["checkpoints_written"] == ["epoch-0001"] and first[1]["checkpoints_written"] == []
     assert json.loads(host.file(f"{directory}/latest.json").content_string)["epoch"] == 1
     resumed = run_ranks(host, ENTRYPOINTS[name](
-        f"{SMALL} --epochs 3 --checkpoint-dir {directory} --resume --weights-out {work}/{name}-resumed.npz"), 2)
+        f"{SMALL} {keras} --epochs 3 --checkpoint-dir {directory} --resume --weights-out {work}/{tag}-resumed.npz"), 2)
     for report in resumed:
         assert report["initial_epoch"] == 1 and len(report["losses"]) == 2, "epochs 2 and 3 only"
         assert report["losses"] == pytest.approx(full[0]["losses"][1:], rel=1e-4)
     assert resumed[0]["checkpoints_written"] == ["epoch-0002", "epoch-0003"]
     assert resumed[1]["checkpoints_written"] == []
-    difference = max_difference(host, full_weights, f"{work}/{name}-resumed.npz")
-    print(f"{name}: resumed vs uninterrupted: max |dw| = {difference:.3g}")
+    difference = max_difference(host, full_weights, f"{work}/{tag}-resumed.npz")
+    print(f"{tag}: resumed vs uninterrupted: max |dw| = {difference:.3g}")
     assert difference <= RESUME_TOLERANCE
 
 
@@ -367,7 +389,10 @@ def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host
 # weights; a backup of another model or world size is one line. (On Slurm, with a requeue: tests/cluster.)
 
 BACKUP_RUN = f"{SMALL} --epochs 3 --backup-every-steps 7"
-MWMS_ENTRYPOINTS = ["mwms_keras_fit", "mwms_custom_loop"]
+# mwms_keras_fit backs up with Keras' BackupAndRestore under tf_keras (the signal's test) and with the loop's backup
+# under Keras 3 (the SIGKILL's test); the loop with the default Keras in both.
+SIGNALLED_BACKUPS = [("mwms_keras_fit", TF_KERAS), ("mwms_custom_loop", "")]
+KILLED_BACKUPS = [("mwms_keras_fit", ""), ("mwms_custom_loop", "")]
 # Runs in the container: the command in the background, SIGKILL to worker 1 (TF_CONFIG index 1) once the log shows
 # KILL_AT, then the launcher's exit status (it stops the other worker when one dies).
 KILL_AT = "epoch 2/3 step 20/"
@@ -384,14 +409,14 @@ wait $job; echo "status $?"
 
 @pytest.fixture(scope="module")
 def signalled_backups(host, work):
-    """name -> (reports of the stopped workers, a copy of the backup they left) of a run with --backup-dir that
-    SIGUSR1 stopped mid-epoch 2; the backup itself is left for the resume test."""
+    """(name, keras) -> (reports of the stopped workers, a copy of the backup they left) of a run with --backup-dir
+    that SIGUSR1 stopped mid-epoch 2; the backup itself is left for the resume test."""
     done = {}
 
-    def get(name):
+    def get(name, keras):
         if name not in done:
             directory, log = f"{work}/{name}-backup-signal", f"{work}/{name}-backup-signal.log"
-            command = SIGNALLED[name](f"{BACKUP_RUN} --log-steps 1 --backup-dir {directory}")
+            command = SIGNALLED[name](f"{BACKUP_RUN} {keras} --log-steps 1 --backup-dir {directory}")
             outcome, output, stopped = interrupted(host, SIGNAL_RANKS, log, command)
             assert int(outcome[1]) == 99 and [r["rank"] for r in stopped] == [0, 1], output[-3000:]
             host.check_output(f"cp -a {directory} {directory}-kept")
@@ -401,11 +426,11 @@ def signalled_backups(host, work):
     return get
 
 
-@pytest.mark.parametrize("name", MWMS_ENTRYPOINTS)
+@pytest.mark.parametrize("name, keras", SIGNALLED_BACKUPS)
 def test_mwms_signal_with_a_backup_dir_resumes_from_that_step(host, image_layer, work, full_runs,
-                                                              signalled_backups, name):
-    _, full_weights = full_runs(name)
-    stopped, _ = signalled_backups(name)
+                                                              signalled_backups, name, keras):
+    _, full_weights = full_runs(name, keras)
+    stopped, _ = signalled_backups(name, keras)
     (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
     assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
     for report in stopped:
@@ -413,17 +438,17 @@ def test_mwms_signal_with_a_backup_dir_resumes_from_that_step(host, image_layer,
         assert report["backup"]["written"][:2] == [[0, 7], [0, 14]], "and every 7 steps before"
     directory = f"{work}/{name}-backup-signal"
     assert "ckpt-" in host.check_output(f"cat {directory}/chief/checkpoint"), "the stopped run's backup is kept"
-    difference = resume_from_backup(host, work, name, directory, (epoch, step), full_weights)
+    difference = resume_from_backup(host, work, name, keras, directory, (epoch, step), full_weights)
     print(f"{name} --backup-dir: SIGUSR1 at step {step} of epoch 2, resumed from the backup of that step; "
           f"resumed vs uninterrupted: max |dw| = {difference:.3g}")
     assert difference <= RESUME_TOLERANCE
 
 
-@pytest.mark.parametrize("name", MWMS_ENTRYPOINTS)
-def test_a_sigkilled_worker_leaves_a_backup_the_next_run_resumes(host, image_layer, work, full_runs, name):
-    _, full_weights = full_runs(name)
+@pytest.mark.parametrize("name, keras", KILLED_BACKUPS)
+def test_a_sigkilled_worker_leaves_a_backup_the_next_run_resumes(host, image_layer, work, full_runs, name, keras):
+    _, full_weights = full_runs(name, keras)
     directory, log = f"{work}/{name}-backup-kill", f"{work}/{name}-backup-kill.log"
-    command = SIGNALLED[name](f"{BACKUP_RUN} --log-steps 1 --backup-dir {directory}")
+    command = SIGNALLED[name](f"{BACKUP_RUN} {keras} --log-steps 1 --backup-dir {directory}")
     outcome, output, reports = interrupted(host, KILL_WORKER, log, command)
     assert int(outcome[1]) != 0 and reports == [], output[-3000:]
     killed_at = max((int(e) - 1, int(s)) for e, s in re.findall(r"epoch (\d+)/3 step (\d+)/", output))
@@ -435,18 +460,19 @@ def test_a_sigkilled_worker_leaves_a_backup_the_next_run_resumes(host, image_lay
     position = divmod(7 * int(prefix.rpartition("-")[2]), steps)
     redone = (killed_at[0] * steps + killed_at[1]) - (position[0] * steps + position[1])
     assert -1 <= redone < 7, (killed_at, position)
-    difference = resume_from_backup(host, work, name, directory, position, full_weights, suffix="killed")
+    difference = resume_from_backup(host, work, name, keras, directory, position, full_weights, suffix="killed")
     print(f"{name} --backup-dir: worker 1 SIGKILLed after step {killed_at[1]} of epoch 2 (as logged), resumed from "
           f"the backup of step {position[1]}: {redone} step(s) redone; resumed vs uninterrupted: max |dw| = "
           f"{difference:.3g}")
     assert difference <= RESUME_TOLERANCE
 
 
-def resume_from_backup(host, work, name, directory, position, full_weights, suffix="signalled"):
+def resume_from_backup(host, work, name, keras, directory, position, full_weights, suffix="signalled"):
     """The same command again: it starts at `position` (epoch index, steps done) from the backup, trains to the end
     and deletes the backup; returns max |dw| against the uninterrupted run."""
     weights = f"{work}/{name}-backup-{suffix}.npz"
-    resumed = run_ranks(host, ENTRYPOINTS[name](f"{BACKUP_RUN} --backup-dir {directory} --weights-out {weights}"), 2)
+    arguments = f"{BACKUP_RUN} {keras} --backup-dir {directory} --weights-out {weights}"
+    resumed = run_ranks(host, ENTRYPOINTS[name](arguments), 2)
     for report in resumed:
         assert (report["initial_epoch"], report["initial_step"]) == position, "no step done twice"
         assert report["backup"]["restored_from"].startswith(f"{directory}/chief/ckpt-")
@@ -466,7 +492,7 @@ def test_a_backup_of_another_run_is_one_line_and_kept(host, image_layer, work, s
                                                       phrases):
     """One worker resumes the 2-worker backup: another --model, another world size, and a backup whose record matches
     but whose variables do not (TensorFlow's restore error, translated)."""
-    _, kept = signalled_backups("mwms_keras_fit")
+    _, kept = signalled_backups("mwms_keras_fit", TF_KERAS)
     directory = f"{work}/backup-other-{case}"
     host.check_output(f"rm -rf {directory} && cp -a {kept} {directory}")
     if case == "variables":  # the record of a 1-worker MLP run over the 2-worker CNN backup
@@ -475,7 +501,7 @@ def test_a_backup_of_another_run_is_one_line_and_kept(host, image_layer, work, s
         record["position"].update(workers=1, global_batch=32, steps_per_epoch=3000 // 32)
         host.check_output(f"echo {shlex.quote(json.dumps(record))} > {directory}/chief/tfhpc-backup.json")
     before = host.check_output(f"ls -lAR --time-style=full-iso {directory}")
-    result = host.run(python("mwms_keras_fit.py", f"{BACKUP_RUN} {flags} --backup-dir {directory}"))
+    result = host.run(python("mwms_keras_fit.py", f"{BACKUP_RUN} {TF_KERAS} {flags} --backup-dir {directory}"))
     # TensorFlow has started by then (its own log lines may precede ours): one line of ours, no traceback
     lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
     assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -502,8 +528,10 @@ def test_a_mid_epoch_checkpoint_resumed_with_other_ranks_is_one_line(host, image
     assert host.check_output(f"ls -lAR --time-style=full-iso {directory}") == before
 
 
-@pytest.mark.parametrize("written, resumed, flag", [("--model mlp", "--model cnn", "--model mlp"),
-                                                    ("--optimizer adam", "", "--optimizer adam")])
+@pytest.mark.parametrize("written, resumed, flag", [
+    ("--model mlp", "--model cnn", "--model mlp"), ("--optimizer adam", "", "--optimizer adam"),
+    pytest.param(TF_KERAS, "--keras 3", TF_KERAS,
+                 marks=pytest.mark.skipif(DEFAULT_KERAS == "2", reason="the stack has Keras 2 only"))])
 def test_resume_from_another_models_checkpoint_is_one_line(host, image_layer, work, written, resumed, flag):
     directory = f"{work}/mismatch-{written.split()[0].strip('-')}"
     small = "--train-samples 256 --test-samples 64 --epochs 1 --verbose 0"
@@ -668,6 +696,7 @@ BAD_INPUTS = [
      ["--checkpoint-dir /opt/tfhpc-ckpt: /opt is not writable"]),
     ("hvd_keras_fit.py", "--resume always", "", ["--resume: invalid choice: 'always'", "auto"]),
     ("mwms_custom_loop.py", "--log-steps -1", "", ["--log-steps must be 0"]),
+    ("hvd_keras_fit.py", "--keras 4", "", ["--keras: invalid choice: '4'"]),
 ]
 
 
@@ -683,6 +712,15 @@ def test_bad_input_is_one_line_naming_the_fix(host, image_layer, work, entry, ar
     for phrase in phrases:
         assert phrase in lines[0], (phrase, lines[0])
     assert not host.file(target).exists, "nothing may be written on bad input"
+
+
+def test_elastic_with_keras_3_is_one_line_naming_keras_2(host, image_layer, work):
+    # on the conservative stack --keras 3 itself is refused: "TensorFlow ... in this image has Keras 2 only"
+    result = host.run(f"env HOROVOD_ELASTIC=1 {python('hvd_custom_loop.py', '--elastic --keras 3')} "
+                      f"--checkpoint-dir {work}/bad-elastic")
+    lines = result.stderr.strip().splitlines()
+    assert result.rc == 2 and len(lines) == 1 and "Keras 2 only" in lines[0] and "--keras 2" in lines[0], result.stderr
+    assert not host.file(f"{work}/bad-elastic").exists
 
 
 def test_global_batch_that_does_not_divide_is_refused_on_every_rank(host, image_layer, work):

@@ -6,6 +6,7 @@ SHELL := /bin/bash
 STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
 FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_flavor)
 MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
+ARCH ?=##          target architecture (amd64 | arm64, tagged -arm64; default: versions.toml's default_arch; docs/arm64.md)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)
 PIP_INDEX_URL ?=## PyPI mirror for builds (a BuildKit secret for `make image`, a %post-only file for `make native-sif`)
@@ -19,7 +20,7 @@ QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/be
 INSIST ?=##        1: `make bench` measures on a busy machine too (marked so) instead of waiting, then refusing
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE
+export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench

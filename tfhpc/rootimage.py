@@ -82,16 +82,32 @@ def debootstrap_root(config: Config, mirror: str | None = None) -> str:
             tar.add(rootfs, arcname=".")
         repository, _, tag = name.partition(":")
         if config.arch_suffix:
-            # the SDK's import sends no platform, and the image would claim the daemon's architecture
-            status = subprocess.call([*build_cli().argv[:1], "import", "--platform", config.platform,
-                                      "--change", 'CMD ["/bin/bash"]', str(archive), name], stdout=subprocess.DEVNULL)
-            if status != 0:
-                raise UserError(f"docker import of the {config.arch} debootstrap root failed (message above)")
+            import_foreign_root(config, archive, name)
         else:
             client().api.import_image(src=str(archive), repository=repository, tag=tag,
                                       changes=['CMD ["/bin/bash"]'])
     log(f"imported the debootstrap root as {name}")
     return name
+
+
+# The root of another architecture, from the debootstrap archive, as a one-step BuildKit build: an imported image
+# claims the daemon's architecture whatever `docker import --platform` says (that flag needs an experimental daemon
+# before Docker 23), and BuildKit then refuses it as the base of a --platform linux/arm64 build, looking for it in a
+# registry instead.
+FOREIGN_ROOT_DOCKERFILE = """FROM scratch
+ADD rootfs.tar /
+CMD ["/bin/bash"]
+"""
+
+
+def import_foreign_root(config: Config, archive: Path, name: str) -> None:
+    """Make `name`, for `config`'s platform, from the root file system `archive` (a tar named rootfs.tar)."""
+    (archive.parent / "Dockerfile").write_text(FOREIGN_ROOT_DOCKERFILE)
+    context = archive.parent
+    (context / ".dockerignore").write_text("*\n!rootfs.tar\n")  # the debootstrap tree beside it stays out
+    status = build_cli().run(["--quiet", "--platform", config.platform, "--tag", name, str(context)])
+    if status != 0:
+        raise UserError(f"making {name} from the {config.arch} debootstrap root failed (build log above)")
 
 
 def resolve_root(config: Config, base_source: str) -> str:

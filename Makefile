@@ -24,7 +24,7 @@ export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY 
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements test-arm64
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -85,6 +85,9 @@ test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Glo
 
 test-images: image ## tooling and image tests only (no SIF, no cluster): the GPU flavour's suite is `make test-images FLAVOR=gpu`
 	$(PYTHON) -m pytest tests/unit tests/images $(PYTEST_ARGS)
+
+test-arm64: venv ## the arm64 images under emulation (aarch64, TF, mpi4py, Horovod as far as built); not in `make test`
+	ARCH=$(or $(ARCH),arm64) $(PYTHON) -m pytest tests/arm64 $(PYTEST_ARGS)
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

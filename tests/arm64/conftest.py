@@ -8,10 +8,9 @@ goes; what needs a missing layer is skipped, saying which. A container per modul
 """
 import pytest
 
+from support.containers import SCRIPTS, start_container
 from support.markers import mark_directory
-from support.stack import CONFIG, MANIFEST, REPO_ROOT
-
-SCRIPTS = "/opt/tfhpc/scripts"
+from support.stack import CONFIG, MANIFEST
 
 
 def pytest_collection_modifyitems(items):
@@ -60,13 +59,7 @@ def scripts():
 
 @pytest.fixture(scope="module")
 def container(docker_client, top_layer):
-    volumes, environment = {}, {}
-    if top_layer != MANIFEST.layers.leaf:
-        # the smoke scripts, which the app layer ships, read from the checkout (as tests/images does)
-        volumes = {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
-        environment = {"PYTHONPATH": f"{SCRIPTS}/runtime"}
-    running = docker_client.containers.run(CONFIG.image(top_layer), ["sleep", "infinity"], entrypoint=[],
-                                           detach=True, init=True, volumes=volumes, environment=environment)
+    running = start_container(docker_client, CONFIG.image(top_layer))
     try:
         yield running
     finally:

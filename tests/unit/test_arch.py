@@ -2,11 +2,13 @@
 platform, and is built under emulation set up and checked by the build itself (tfhpc/emulation.py, docs/arm64.md).
 No docker and no binfmt_misc needed: the handler directory and the commands are replaced by fakes."""
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tfhpc import UserError, build, imagebuild
+from tfhpc import UserError, build, imagebuild, rootimage
 from tfhpc.emulation import ensure_emulation, handler_problem, needs_emulation, parse_handler
+from tfhpc.lock import header, lock_configurations, lock_specs
 from tfhpc.manifest import Manifest
 
 # /proc/sys/fs/binfmt_misc/qemu-aarch64 as Debian 12's qemu-user-static registers it (measured)
@@ -188,3 +190,48 @@ def test_handler_parsing():
     assert entry == {"enabled": "1", "interpreter": "/usr/libexec/qemu-binfmt/aarch64-binfmt-P", "flags": "PF"}
     assert handler_problem(entry) == ""
     assert parse_handler("")["enabled"] == "0"
+
+
+# --- the root image and the locks of another architecture
+
+
+def test_another_architectures_root_comes_from_debootstrap_never_from_the_registry(monkeypatch, arm64):
+    made = []
+    monkeypatch.setattr(rootimage, "debootstrap_root", lambda config: made.append(config.arch) or "root-arm64")
+    monkeypatch.setattr(rootimage, "_pull", lambda name: pytest.fail(f"pulled {name}"))
+    assert rootimage.resolve_root(arm64, "auto") == "root-arm64" and made == ["arm64"]
+    with pytest.raises(UserError, match="BASE_SOURCE=registry is not supported for ARCH=arm64"):
+        rootimage.resolve_root(arm64, "registry")
+
+
+def test_debootstrap_of_another_architecture_names_it_and_builds_the_root_for_its_platform(monkeypatch, tmp_path,
+                                                                                          arm64):
+    commands, imported = [], []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        (Path(command[-2]) / "etc").mkdir(parents=True)
+        return subprocess.CompletedProcess(command, 0, "", "")
+    monkeypatch.setattr(rootimage, "_local_image", lambda name: None)
+    monkeypatch.setattr(rootimage.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(rootimage.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(rootimage.subprocess, "run", run)
+    monkeypatch.setattr(rootimage, "ROOTFS_WORKDIR", tmp_path)
+    monkeypatch.setattr(rootimage, "import_foreign_root",
+                        lambda config, archive, name: imported.append((archive.name, name, archive.is_file())))
+    assert rootimage.debootstrap_root(arm64) == "tfhpc-root:debian-bookworm-arm64"
+    (command,) = commands
+    assert command[:4] == ["debootstrap", "--variant=minbase", "--arch=arm64", "bookworm"]
+    assert imported == [("rootfs.tar", "tfhpc-root:debian-bookworm-arm64", True)]
+
+
+def test_every_architecture_is_locked_for_its_machine(manifest):
+    configs = lock_configurations(manifest)
+    assert {(c.arch, c.python_platform) for c in configs} == {
+        ("amd64", "x86_64-manylinux_2_36"), ("amd64", "x86_64-manylinux_2_40"),
+        ("arm64", "aarch64-manylinux_2_36"), ("arm64", "aarch64-manylinux_2_40")}
+    assert [c.locks for c in lock_configurations(manifest, ["arm64"])] == [
+        "locks/conservative-cpu-arm64", "locks/latest-cpu-arm64", "locks/latest-gpu-arm64"]
+    arm64 = manifest.config(arch="arm64")
+    assert header(arm64, lock_specs(arm64)[0]).splitlines()[1].startswith("# latest stack, cpu flavour, arm64: ")
+    assert "amd64" not in header(manifest.config(), lock_specs(manifest.config())[0])

@@ -28,7 +28,7 @@ PYTHON := $(VENV)/bin/python
 
 help: ## list targets and variables
 	@echo "targets:"
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 	@echo "variables:"
 	@grep -hE '^[A-Z_]+ \?=' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?=[^#]*## *(.*)/  \1\t\2/' | expand -t 22
 

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.ca_bundle))
             return 0
         if args.command == "show":
-            print(json.dumps({"tag": config.tag, "build_args": config.build_args(),
+            print(json.dumps({"tag": config.tag, "platform": config.platform, "build_args": config.build_args(),
                               "images": {layer: config.image(layer) for layer in manifest.layers.names},
                               "components": config.component_versions()}, indent=2))
         elif args.command == "image-name":

@@ -19,18 +19,18 @@ print("RESULT " + json.dumps({"rank": 0, "machine": platform.machine(), "version
                               "sum": float(tf.reduce_sum(tf.range(1000, dtype=tf.float64)).numpy())}))
 """
 
-# Each rank contributes rank + 1 (a scalar and a vector): the sums on 2 ranks are 3.
+# Each rank contributes rank + 1 (a scalar and a vector of doubles): the sums on 2 ranks are 3. Buffers from the
+# standard library's array: the mpi layer has no numpy (TensorFlow's layer brings it).
 MPI4PY_PROGRAM = """
-import json, platform
-import numpy as np
+import array, json, platform
 from mpi4py import MPI
 world = MPI.COMM_WORLD
-vector = np.full(1000, world.rank + 1, dtype=np.float64)
-total = np.empty_like(vector)
-world.Allreduce(vector, total)
+vector = array.array("d", [world.rank + 1.0] * 1000)
+total = array.array("d", [0.0] * 1000)
+world.Allreduce([vector, MPI.DOUBLE], [total, MPI.DOUBLE])
 print("RESULT " + json.dumps({"rank": world.rank, "size": world.size, "machine": platform.machine(),
                               "scalar": world.allreduce(world.rank + 1),
-                              "vector": sorted(set(total.tolist())),
+                              "vector": sorted(set(total)),
                               "library": MPI.Get_library_version().splitlines()[0]}), flush=True)
 """
 

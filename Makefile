@@ -6,6 +6,7 @@ SHELL := /bin/bash
 STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
 FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_flavor)
 MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
+ARCH ?=##          target architecture (amd64 | arm64, tagged -arm64; default: versions.toml's default_arch; docs/arm64.md)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)
 PIP_INDEX_URL ?=## PyPI mirror for builds (a BuildKit secret for `make image`, a %post-only file for `make native-sif`)
@@ -20,15 +21,15 @@ INSIST ?=##        1: `make bench` measures on a busy machine too (marked so) in
 HOROVOD_SRC ?=##   `make upstream-tests`: a Horovod git checkout to read its test suites from (default: GitHub)
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE HOROVOD_SRC
+export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE HOROVOD_SRC
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64
 
 help: ## list targets and variables
 	@echo "targets:"
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 	@echo "variables:"
 	@grep -hE '^[A-Z_]+ \?=' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?=[^#]*## *(.*)/  \1\t\2/' | expand -t 22
 
@@ -88,6 +89,9 @@ test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Glo
 
 test-images: image ## tooling and image tests only (no SIF, no cluster): the GPU flavour's suite is `make test-images FLAVOR=gpu`
 	$(PYTHON) -m pytest tests/unit tests/images $(PYTEST_ARGS)
+
+test-arm64: venv ## the arm64 images under emulation (aarch64, TF, mpi4py, Horovod as far as built); not in `make test`
+	ARCH=$(or $(ARCH),arm64) $(PYTHON) -m pytest tests/arm64 $(PYTEST_ARGS)
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """tfhpc command line (the Makefile's back end): python3 -m tfhpc COMMAND [options].
 
 Options default to the environment variables the Makefile exports (STACK, FLAVOR, MPI, BASE_SOURCE, CA_BUNDLE,
-PIP_INDEX_URL), so `make image MPI=mpich` and `STACK=conservative python3 -m tfhpc build` mean the same.
+PIP_INDEX_URL, ARCH), so `make image MPI=mpich` and `STACK=conservative python3 -m tfhpc build` mean the same.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", default=os.environ.get("STACK") or None, help="versions.toml stack")
     parser.add_argument("--flavor", default=os.environ.get("FLAVOR") or None, help="cpu or gpu")
     parser.add_argument("--mpi", default=os.environ.get("MPI") or None, help="openmpi or mpich")
+    parser.add_argument("--arch", default=os.environ.get("ARCH") or None,
+                        help="target architecture: amd64 (default) or arm64 (emulated on another host)")
 
 
 def _add_source_options(parser: argparse.ArgumentParser, base_help: str, ca_help: str) -> None:
@@ -103,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = commands.add_parser("lock", help="write locks/<stack>-<flavor>/*.txt: every layer's Python packages, "
                                "pinned with their hashes (uv pip compile)")
     lock.add_argument("--check", action="store_true", help="exit 2 if a lock is out of date with versions.toml")
+    lock.add_argument("--arch", action="append", default=[os.environ["ARCH"]] if os.environ.get("ARCH") else None,
+                      help="lock this architecture only (repeatable; default: every one of versions.toml)")
     lock.add_argument("--upgrade", action="store_true",
                       help="resolve every package anew (default: keep the locked versions the inputs still allow)")
 
@@ -174,15 +178,16 @@ def main(argv: list[str] | None = None) -> int:
             return check_or_write(args.check, lambda: check_committed(manifest), lambda: write_all(manifest))
         if args.command == "lock":
             from .lock import check_locks, lock_configurations, write_locks  # lazy: this command's module
-            return check_or_write(args.check, lambda: [check_locks(c) for c in lock_configurations(manifest)],
-                                  lambda: write_locks(manifest, args.upgrade))
+            return check_or_write(args.check,
+                                  lambda: [check_locks(c) for c in lock_configurations(manifest, args.arch)],
+                                  lambda: write_locks(manifest, args.upgrade, args.arch))
         if args.command == "pipelines":
             from .ci import check_pipelines, write_pipelines  # lazy: this command's module
             return check_or_write(args.check, lambda: check_pipelines(manifest), lambda: write_pipelines(manifest))
         if args.command == "measurements":
             from .measurements import check, write  # this command's module only
             return check_or_write(args.check, check, lambda: [write()])
-        config = manifest.config(args.stack, args.flavor, args.mpi)
+        config = manifest.config(args.stack, args.flavor, args.mpi, args.arch)
         if args.command == "push":
             from .publish import push as do_push  # lazy: this command's module
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.ca_bundle))
             return 0
         if args.command == "show":
-            print(json.dumps({"tag": config.tag, "build_args": config.build_args(),
+            print(json.dumps({"tag": config.tag, "platform": config.platform, "build_args": config.build_args(),
                               "images": {layer: config.image(layer) for layer in manifest.layers.names},
                               "components": config.component_versions()}, indent=2))
         elif args.command == "image-name":

@@ -35,7 +35,8 @@ def probe_records(config: Config, images: list[str]) -> list[dict]:
     """Each image's report (provenance.probe_image), from the cache when this image id was probed before."""
     records = []
     for image in images:
-        image_id = client().images.get(image).id
+        attrs = client().images.get(image).attrs
+        image_id = attrs["Id"]
         entry = cache.key("probe", image_id, probe=hashlib.sha256(PROBE.encode()).hexdigest())  # a new probe, anew
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "record.json"
@@ -46,7 +47,9 @@ def probe_records(config: Config, images: list[str]) -> list[dict]:
                 path.write_text(json.dumps(record, sort_keys=True))
                 cache.store(entry, image_id, {"record.json": path})
         name, _, tag = image.partition(":")  # one image id may carry several stacks' names (a shared base layer)
-        record.update(name=name, tag=tag, stack=config.stack, flavor=config.flavor, mpi=config.mpi)
+        # the platform as the image's configuration states it (an emulated build's too), not as the manifest asks
+        record.update(name=name, tag=tag, stack=config.stack, flavor=config.flavor, mpi=config.mpi,
+                      platform=f"{attrs['Os']}/{attrs['Architecture']}")
         update_images_json(image, record)
         records.append(record)
     return records

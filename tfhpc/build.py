@@ -12,6 +12,7 @@ import docker.errors
 from .attest import record_layers
 from .common import REPO_ROOT, UserError, log, resolve_ca_bundle
 from .dockerhost import client
+from .emulation import ensure_emulation
 from .imagebuild import build_layer
 from .lock import check_locks
 from .manifest import Config, check_base_source
@@ -25,6 +26,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     check_locks(config)  # before any build: the layers install from the locks only
     bundle = resolve_ca_bundle(ca_bundle)
     client()  # fail early, in one line, when the daemon is not there
+    ensure_emulation(config)  # another architecture than the host's: qemu-user-static, or the one-line fix
     log(f"CA bundle for the build: {bundle or 'none'}")
     chain = config.layers.chain(target)
     started = time.monotonic()

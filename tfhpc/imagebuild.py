@@ -31,15 +31,15 @@ def build_image(config: Config, dockerfile: Path, image: str, parent_image: str,
                 pip_index_url: str | None = None, labels: dict[str, str] | None = None,
                 extra_args: dict[str, str] | None = None, shown_as: str | None = None,
                 target: str | None = None, no_cache: bool = False, context: Path = REPO_ROOT) -> str:
-    """Build `dockerfile` (context: the checkout, or `context`) on `parent_image` (its BASE_IMAGE) with the
-    configuration's build arguments and tag it `image` only if the build succeeds, so a failed build leaves the
+    """Build `dockerfile` (context: the checkout, or `context`) for the configuration's platform on `parent_image`
+    (its BASE_IMAGE) with the configuration's build arguments and tag it `image` only if the build succeeds, so a failed build leaves the
     previous image in place. `shown_as`: the name to report when `image` is a staging tag (see build_stack);
     `target`: a stage to stop at; `no_cache`: run every step again (docker build --no-cache; cache mounts such as
     pip's downloads stay)."""
     with tempfile.TemporaryDirectory(prefix="tfhpc-build-") as tmp:
         iidfile = Path(tmp) / "iid"
         args = ["--progress=plain", "--file", str(dockerfile), "--iidfile", str(iidfile),
-                "--build-arg", f"BASE_IMAGE={parent_image}"]
+                "--platform", config.platform, "--build-arg", f"BASE_IMAGE={parent_image}"]
         if target:
             args += ["--target", target]
         if no_cache:

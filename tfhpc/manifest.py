@@ -129,10 +129,34 @@ class Config:
     cyclonedx_bom: str = ""  # the SBOM generator's version (a build tool, never in an image)
     # Patches to the installed Keras 3 (containers/tensorflow/patches/keras), applied in this order
     keras_patches: tuple[str, ...] = ()
+    arch: str = "amd64"  # the target architecture (versions.toml [arches]), a docker platform's architecture
+    arch_spec: dict = field(default_factory=lambda: {"platform": "linux/amd64", "machine": "x86_64"})
+    default_arch: str = "amd64"
+
+    @property
+    def arch_suffix(self) -> str:
+        """"" for the default architecture (its names stay as they always were), else "-<arch>": images, locks and
+        files of two architectures never share a name, so building one never overwrites the other."""
+        return "" if self.arch == self.default_arch else f"-{self.arch}"
 
     @property
     def tag(self) -> str:
-        return f"{self.stack}-{self.flavor}-{self.mpi}"
+        return f"{self.stack}-{self.flavor}-{self.mpi}{self.arch_suffix}"
+
+    @property
+    def platform(self) -> str:
+        """The docker platform every layer is built for (docker build --platform)."""
+        return self.arch_spec["platform"]
+
+    @property
+    def machine(self) -> str:
+        """What `uname -m` reports in the images (x86_64, aarch64)."""
+        return self.arch_spec["machine"]
+
+    @property
+    def python_platform(self) -> str:
+        """The platform `make lock` resolves wheels for (uv --python-platform): machine and the OS's manylinux tag."""
+        return f"{self.machine}-{self.os['manylinux']}"
 
     def image(self, layer: str) -> str:
         self.layers.get(layer)
@@ -142,7 +166,7 @@ class Config:
     def locks(self) -> str:
         """The directory of this stack x flavour's lock files (tfhpc/lock.py), relative to the checkout; the MPI
         choice changes no Python package."""
-        return f"locks/{self.stack}-{self.flavor}"
+        return f"locks/{self.stack}-{self.flavor}{self.arch_suffix}"
 
     @property
     def tensorflow_distribution(self) -> str:
@@ -155,7 +179,7 @@ class Config:
 
     @property
     def debootstrap_root_image(self) -> str:
-        return f"{IMAGE_PREFIX}-root:{self.os['distro']}-{self.os_release}"
+        return f"{IMAGE_PREFIX}-root:{self.os['distro']}-{self.os_release}{self.arch_suffix}"
 
     def build_args(self) -> dict[str, str]:
         """Every pin as a Dockerfile build argument (each Dockerfile declares the ARGs it uses)."""
@@ -222,6 +246,10 @@ class Config:
             labels["org.opencontainers.image.revision"] = revision
         if created:
             labels["org.opencontainers.image.created"] = created
+        if self.arch_suffix:
+            # Only where the architecture is not the default: a new label on the default's images would change their
+            # ids and rebuild every layer for nothing (docker's image configuration names the architecture anyway).
+            labels[f"{LABEL_PREFIX}.platform"] = self.platform
         if self.horovod_patches:
             labels[f"{LABEL_PREFIX}.horovod.patches"] = " ".join(self.horovod_patches)
         if self.keras_patches and "tensorflow" in self.layers.chain(layer):
@@ -245,15 +273,27 @@ class Manifest:
     def flavors(self) -> list[str]:
         return sorted(self.data.get("flavors", {}))
 
+    @property
+    def arches(self) -> list[str]:
+        return sorted(self.data.get("arches", {}))
+
     def mpis(self, os_release: str | None = None) -> list[str]:
         os_release = os_release or self.data["defaults"]["os"]
         return sorted(self.data["os"][os_release].get("mpi", {}))
 
-    def config(self, stack: str | None = None, flavor: str | None = None, mpi: str | None = None) -> Config:
+    def config(self, stack: str | None = None, flavor: str | None = None, mpi: str | None = None,
+               arch: str | None = None) -> Config:
         stack = _choose("STACK", stack or self.data["default_stack"], self.stacks)
         flavor = _choose("FLAVOR", flavor or self.data["default_flavor"], self.flavors)
+        arch = _choose("ARCH", arch or self.data["default_arch"], self.arches)
         spec = {**self.data.get("defaults", {}), **self.data["stacks"][stack]}
-        flavor_spec = self.data["flavors"][flavor]
+        arch_spec = {key: value for key, value in self.data["arches"][arch].items() if key != "flavors"}
+        for key in ("platform", "machine"):
+            if not arch_spec.get(key):
+                raise UserError(f"{self.path}: [arches.{arch}] has no '{key}': add it")
+        # an architecture overrides a flavour's keys only where a wheel differs there ([arches.<arch>.flavors])
+        flavor_spec = {**self.data["flavors"][flavor],
+                       **self.data["arches"][arch].get("flavors", {}).get(flavor, {})}
         os_release = flavor_spec.get("os") or spec["os"]
         gpu = {}
         if flavor == "gpu":
@@ -303,6 +343,9 @@ class Manifest:
             lock_constraints=tuple(spec.get("lock_constraints", ())),
             cyclonedx_bom=str(self.data.get("sbom", {}).get("cyclonedx_bom", "")),
             keras_patches=keras_patches,
+            arch=arch,
+            arch_spec=arch_spec,
+            default_arch=self.data["default_arch"],
         )
 
 

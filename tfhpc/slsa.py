@@ -128,7 +128,7 @@ def image_statement(config: Config, image: str, parent: str | None, root: dict, 
                    "digest": {"sha256": sha256_file(sbom)}}] if sbom else []
     return statement(image, _hex(attrs["Id"]), IMAGE_BUILD_TYPE,
                      {"stack": config.stack, "flavor": config.flavor, "mpi": config.mpi,
-                      "layer": attrs["Config"]["Labels"].get("io.tfhpc.layer", "")},
+                      "layer": attrs["Config"]["Labels"].get("io.tfhpc.layer", ""), "platform": config.platform},
                      {"buildArgs": build_args}, materials, byproducts)
 
 
@@ -138,7 +138,8 @@ def sif_statement(config: Config, sif: Path, image: str, definition: Path) -> di
     materials.append({"name": image, "digest": {"sha256": _hex(client().images.get(image).id)}})
     materials.append({"name": definition.name, "digest": {"sha256": sha256_file(definition)}})
     return statement(sif.name, sha256_file(sif), SIF_BUILD_TYPE,
-                     {"stack": config.stack, "flavor": config.flavor, "mpi": config.mpi}, {}, materials, [])
+                     {"stack": config.stack, "flavor": config.flavor, "mpi": config.mpi, "platform": config.platform},
+                     {}, materials, [])
 
 
 def encode(document: dict) -> bytes:

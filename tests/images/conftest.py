@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 
+from support.containers import SCRIPTS, start_container  # noqa: F401 (test modules import them from here)
 from support.markers import mark_directory
 from support.results import results
-from support.stack import CONFIG, MANIFEST, REPO_ROOT
+from support.stack import CONFIG, MANIFEST
 
-SCRIPTS = "/opt/tfhpc/scripts"
 
 
 def pytest_collection_modifyitems(items):
@@ -36,19 +36,6 @@ def image(image_layer, docker_client):
     except docker.errors.ImageNotFound:
         pytest.fail(f"{name} is not built: run `make image` first")
     return name
-
-
-def start_container(docker_client, image_name, **kwargs):
-    layer = docker_client.images.get(image_name).labels.get("io.tfhpc.layer")
-    volumes, environment = {}, {}
-    if layer != MANIFEST.layers.leaf:
-        # The mounted scripts import tfhpc_runtime, which the app layer installs: here it is read from the mount.
-        volumes = {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
-        environment = {"PYTHONPATH": f"{SCRIPTS}/runtime"}
-    # init: Docker's init as PID 1 reaps the processes that tests start in the background (TensorBoard), as a real
-    # container's entrypoint would; `sleep` as PID 1 would leave them as zombies.
-    return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True, init=True,
-                                        volumes=volumes, environment=environment, **kwargs)
 
 
 @pytest.fixture(scope="module")

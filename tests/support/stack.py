@@ -1,5 +1,5 @@
 """What every test directory shares: the checkout, the manifest, the configuration `make test` selected (STACK, FLAVOR,
-MPI from the environment) and the values the collectives smoke test must report. This is the suite's one
+MPI, ARCH from the environment) and the values the collectives smoke test must report. This is the suite's one
 configuration: module-level constants, since skip marks and parametrisations need them at import time (the root
 conftest's `manifest` and `config` fixtures only hand these out). tests/ is on sys.path (pytest puts the root
 conftest's directory there), so any test module or conftest can `from support.stack import CONFIG`."""
@@ -15,7 +15,7 @@ from tfhpc.manifest import Manifest  # noqa: E402
 
 MANIFEST = Manifest()
 CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
-                         os.environ.get("MPI") or None)
+                         os.environ.get("MPI") or None, os.environ.get("ARCH") or None)
 LEAF = MANIFEST.layers.leaf
 
 

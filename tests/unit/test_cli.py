@@ -46,10 +46,16 @@ def test_show_prints_the_resolved_configuration():
     shown = json.loads(out)
     assert shown["tag"] == "conservative-cpu-mpich"
     assert shown["images"]["app"] == "tfhpc-app:conservative-cpu-mpich"
+    assert shown["platform"] == "linux/amd64"
+    status, out, _ = tfhpc("show", STACK="conservative", FLAVOR="cpu", MPI="mpich", ARCH="arm64")
+    shown = json.loads(out)
+    assert (shown["tag"], shown["platform"]) == ("conservative-cpu-mpich-arm64", "linux/arm64")
+    assert shown["images"]["app"] == "tfhpc-app:conservative-cpu-mpich-arm64"
 
 
 def test_make_help_lists_targets_and_variables():
     result = subprocess.run(["make", "-s", "help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    for word in ("make image", "make test", "make clean", "STACK", "FLAVOR", "MPI", "BASE_SOURCE", "CA_BUNDLE"):
+    for word in ("make image", "make test", "make clean", "STACK", "FLAVOR", "MPI", "ARCH", "BASE_SOURCE", "CA_BUNDLE",
+                 "make test-arm64"):
         assert word in result.stdout

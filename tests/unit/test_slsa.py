@@ -134,7 +134,7 @@ def test_image_statement_is_an_in_toto_statement_with_slsa_provenance(monkeypatc
     assert statement["subject"] == [{"name": image, "digest": {"sha256": "3" * 64}}]
     definition = statement["predicate"]["buildDefinition"]
     assert definition["externalParameters"] == {"stack": CONFIG.stack, "flavor": CONFIG.flavor, "mpi": CONFIG.mpi,
-                                                "layer": "app"}
+                                                "layer": "app", "platform": CONFIG.platform}
     assert definition["internalParameters"] == {"buildArgs": {"A": "1"}}
     found = materials(statement)
     assert found["root image"] == root and found[parent] == {"name": parent, "digest": {"sha256": "4" * 64}}

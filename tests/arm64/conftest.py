@@ -1,0 +1,72 @@
+"""`make test-arm64`: the checks of another architecture's images (ARCH=arm64), run where they were built, under
+emulation (docs/arm64.md). Not part of `make test`: every program in these containers runs through qemu, many times
+slower than natively, so the suite is a focused one, not the image suite of tests/images.
+
+Each test names the lowest layer it needs and runs on the highest layer of the stack that is built, so that a stack
+built only up to tensorflow (the horovod layer's compile takes long under emulation) is still tested as far as it
+goes; what needs a missing layer is skipped, saying which. A container per module, always removed.
+"""
+import pytest
+
+from support.containers import SCRIPTS, start_container
+from support.markers import mark_directory
+from support.stack import CONFIG, MANIFEST
+
+
+def pytest_collection_modifyitems(items):
+    mark_directory(items, __file__, pytest.mark.image)
+    if not CONFIG.arch_suffix:
+        mark_directory(items, __file__, pytest.mark.skip(reason=f"ARCH={CONFIG.arch} is the default architecture: "
+                                                                "`make test-arm64` runs these"))
+
+
+def built_layers(docker_client):
+    """The stack's layers whose images exist, in build order."""
+    import docker.errors
+    built = []
+    for layer in MANIFEST.layers.names:
+        try:
+            docker_client.images.get(CONFIG.image(layer))
+        except docker.errors.ImageNotFound:
+            continue
+        built.append(layer)
+    return built
+
+
+@pytest.fixture(scope="session")
+def top_layer(docker_client):
+    """The highest built layer of the stack, the one every check runs on."""
+    built = built_layers(docker_client)
+    if not built:
+        pytest.fail(f"no image of {CONFIG.tag} is built: run `make image ARCH={CONFIG.arch}` first")
+    return built[-1]
+
+
+@pytest.fixture(scope="session")
+def needs(top_layer):
+    """needs(layer): skip unless `layer` is the top layer or below it (the top image then holds what it installs)."""
+    def check(layer):
+        if layer not in MANIFEST.layers.chain(top_layer):
+            pytest.skip(f"needs the {layer} layer, and {CONFIG.image(layer)} is not built (top: {top_layer})")
+    return check
+
+
+@pytest.fixture(scope="session")
+def scripts():
+    """Where the container has the repository's scripts/ (the app layer's copy, or the checkout's, mounted)."""
+    return SCRIPTS
+
+
+@pytest.fixture(scope="module")
+def container(docker_client, top_layer):
+    running = start_container(docker_client, CONFIG.image(top_layer))
+    try:
+        yield running
+    finally:
+        running.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def host(container):
+    import testinfra
+    return testinfra.get_host(f"docker://{container.id}")

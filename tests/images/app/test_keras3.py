@@ -35,8 +35,6 @@ from tfhpc import REPO_ROOT
 
 WORK = "/tmp/tfhpc-keras3-tests"
 USER_SCRIPTS = REPO_ROOT / "examples"  # shipped in the image at /opt/tfhpc/examples
-ELASTIC_PROGRAM = REPO_ROOT / "tests" / "support" / "programs" / "keras3_elastic_state.py"
-DISCOVER = "#!/bin/sh\necho localhost:2\n"  # Horovod Elastic's host discovery: this host, 2 slots
 
 pytestmark = pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
 
@@ -51,9 +49,6 @@ def work(host):
                       f"{WORK}/hvd-callbacks")
     for user_script in USER_SCRIPTS.glob("keras3_*.py"):
         put(host, user_script.read_text(), f"{WORK}/{user_script.name}")
-    put(host, ELASTIC_PROGRAM.read_text(), f"{WORK}/keras3_elastic_state.py")
-    put(host, DISCOVER, f"{WORK}/discover")
-    host.check_output(f"chmod +x {WORK}/discover")
     return WORK
 
 
@@ -233,57 +228,6 @@ def test_horovod_load_model_wraps_the_keras3_optimizer_and_keeps_its_state(image
 
 
 # ---------------------------------------------------------------------------------------------------------------- #
-# Horovod Elastic's Keras state (hvd.elastic.KerasState, horovod.tensorflow.keras.elastic's callbacks) with a Keras 3
-# model and optimizer: horovodrun --gloo in elastic mode on this one host (tests/support/programs/keras3_elastic_state.py
-# says what it does). tests/cluster/test_elastic.py loses and regains a node with the tf_keras entrypoints.
-
-def elastic(work, keras_name, mode, output_dir=""):
-    # HOROVOD_ELASTIC_TIMEOUT: once both ranks failed (the test without patch 0009), this host is blacklisted and the
-    # driver would wait 600 s for another; timeout: a driver whose workers never report would wait for ever.
-    output = f"--output-filename {output_dir} " if output_dir else ""
-    # --network-interface lo: on one host the elastic driver cannot compare the interfaces of two hosts and waits
-    # for a second one (the first run timed out "waiting for minimum number of slots").
-    return (f"HOROVOD_ELASTIC_TIMEOUT=30 timeout 300 horovodrun -np 2 --min-np 1 --max-np 2 --gloo "
-            f"--network-interface lo --host-discovery-script {work}/discover {output}python {work}/keras3_elastic_state.py {keras_name} {mode}")
-
-
-@pytest.fixture(scope="module")
-def elastic_reports(host, work):
-    # Each rank's output to a file of its own: the RESULT lines are long (every commit).
-    return {"keras": run_ranks(host, elastic(work, "keras", "restore", f"{work}/elastic-keras"), 2,
-                               output_dir=f"{work}/elastic-keras"),
-            "tf.keras": run_ranks(host, "TF_USE_LEGACY_KERAS=0 " + elastic(work, "tf.keras", "restore",
-                                                                           f"{work}/elastic-tf-keras"), 2,
-                                  output_dir=f"{work}/elastic-tf-keras")}
-
-
-@pytest.mark.parametrize("keras_name", ["keras", "tf.keras"])
-def test_elastic_keras_state_syncs_commits_and_restores_a_keras3_model(image_layer, elastic_reports, keras_name):
-    ranks = elastic_reports[keras_name]
-    assert [(r["size"], r["keras"].split(".")[0]) for r in ranks] == [(2, "3"), (2, "3")]
-    # Each rank its own initial weights; hvd.elastic.run's first sync gives every rank rank 0's.
-    assert ranks[0]["initial"]["digest"] != ranks[1]["initial"]["digest"]
-    assert [r["syncs"][0]["digest"] for r in ranks] == [ranks[0]["initial"]["digest"]] * 2
-    for report in ranks:
-        # Commits every 5 steps (the epoch's end commits too): the last before the failure after step 33 is step 30,
-        # epoch 1 (0-based) batch 9, with the optimizer's momentums (built at the first step) in it.
-        commit = [c for c in report["commits"] if c["iterations"] <= report["failed"][0]["iterations"]][-1]
-        assert (report["failed"][0]["iterations"], commit["iterations"]) == (33, 30)
-        assert (commit["epoch"], commit["batch"]) == (1, 9)
-        assert commit["optimizer_variables"] == report["final"]["optimizer_variables"] > \
-            report["initial"]["optimizer_variables"]
-        # restore() puts back exactly the committed weights, optimizer variables, epoch and batch.
-        assert report["restored"] == commit
-        # sync() gives rank 1 rank 0's restored state again, after rank 1's weights and epoch were changed.
-        assert report["synced"] == ranks[0]["restored"]
-        # The fit goes on from the restored epoch: epochs 2 and 3 (40 steps from step 30).
-        assert [f["initial_epoch"] for f in report["fits"]] == [1]
-        assert report["final"]["iterations"] == 70 and report["final"]["epoch"] == 3
-    assert ranks[0]["commits"] == ranks[1]["commits"]
-    assert ranks[0]["final"]["digest"] == ranks[1]["final"]["digest"]
-
-
-# ---------------------------------------------------------------------------------------------------------------- #
 # Each patch is needed: the same script with that patch reversed fails with the error its header names.
 
 WITHOUT = {
@@ -304,9 +248,6 @@ WITHOUT = {
         "horovod", ["0008-keras3-lr-callbacks-load-model.patch"],
         lambda work: hvd_callbacks(work, f"{work}/hvd-callbacks-without"),
         "'SGD' object has no attribute 'lr'"),
-    "horovod/0009-keras3-elastic-state.patch": (
-        "horovod", ["0009-keras3-elastic-state.patch"], lambda work: elastic(work, "keras", "restore"),
-        "'list' object is not callable"),
 }
 
 

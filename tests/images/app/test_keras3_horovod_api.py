@@ -7,7 +7,9 @@ the Horovod patch that fixes it and proof that the patch is needed. The user scr
   (patch 0011, `import keras` under the image's TF_USE_LEGACY_KERAS=1): the local layer's gradient is the rank's own
   / size, the others' the average of the ranks'; after 5 steps the shared layer is equal on the ranks, the local not;
 - hvd.DistributedOptimizer(backward_passes_per_step=2) in a Keras 3 `fit` (patch 0012): the weights equal those of a
-  loop without Horovod that applies the average of 2 batches of every rank every 2nd batch.
+  loop without Horovod that applies the average of 2 batches of every rank every 2nd batch;
+- hvd.elastic.KerasState around a Keras 3 model and Adam (patch 0013): sync() gives every rank rank 0's weights and
+  optimizer variables, restore() brings back what sync() or commit() saved.
 Without a patch (reversed in a symbolic-link copy of the installed package, first on PYTHONPATH, as in
 test_keras3.py), the same script fails with the error its header names.
 """
@@ -27,6 +29,7 @@ RUNS = {
     "sync_batch_norm": ("TF_USE_LEGACY_KERAS=0", "hvd_sync_batch_norm.py"),
     "partial": ("", "hvd_partial_distributed.py"),
     "backward_passes": ("", "hvd_backward_passes.py"),
+    "elastic_state": ("", "hvd_elastic_state.py"),
 }
 
 
@@ -58,6 +61,11 @@ def backward_passes_reports(host, work):
     return run_ranks(host, command(work, "backward_passes"), 2)
 
 
+@pytest.fixture(scope="module")
+def elastic_state_reports(host, work):
+    return run_ranks(host, command(work, "elastic_state"), 2)
+
+
 def test_sync_batch_norm_normalizes_with_the_statistics_of_every_rank(image_layer, sync_batch_norm_reports):
     for report in sync_batch_norm_reports:
         assert report["keras"].startswith("3.") and report["layer_class"].startswith("keras.src.")
@@ -87,6 +95,16 @@ def test_backward_passes_per_step_applies_the_average_of_every_second_batch(imag
     assert ranks[0]["weights_digest"] == ranks[1]["weights_digest"]
 
 
+def test_elastic_state_syncs_and_restores_the_keras3_optimizer(image_layer, elastic_state_reports):
+    ranks = elastic_state_reports
+    for report in ranks:
+        assert report["optimizer_variables"] > 2  # iterations, learning rate and Adam's slots
+        assert report["epoch"] == 10  # rank 0's
+        assert report["changed"] > 0  # the steps after sync() and commit() moved the values
+        assert report["restored_gap"] == 0.0 and report["committed_gap"] == 0.0
+    assert ranks[0]["synced_digest"] == ranks[1]["synced_digest"]
+
+
 WITHOUT = {
     # patch -> (patches reversed: the patch and every later one that needs it, run, expected error)
     "0010-keras3-sync-batch-norm.patch": (
@@ -98,6 +116,8 @@ WITHOUT = {
     "0012-keras3-backward-passes-per-step.patch": (
         ["0012-keras3-backward-passes-per-step.patch"], "backward_passes",
         "backward_passes_per_step > 1 is not supported with a Keras 3 optimizer"),
+    "0013-keras3-elastic-optimizer-variables.patch": (
+        ["0013-keras3-elastic-optimizer-variables.patch"], "elastic_state", "'list' object is not callable"),
 }
 
 

@@ -1,5 +1,5 @@
 """`horovodrun` (its MPI path, not Gloo) in the MPICH app image: it asks `mpirun --version` which MPI it launches, and
-Debian's MPICH answers with "HYDRA build details" only; Horovod patch 0020 (containers/horovod/patches) makes that
+Debian's MPICH answers with "HYDRA build details" only; Horovod patch 0013 (containers/horovod/patches) makes that
 MPICH. Checked: both ranks report Horovod's MPI controller and exact collectives; with the patch reversed (a copy of
 the installed package as symbolic links, first on PYTHONPATH), horovodrun stops with "Unknown MPI implementation"."""
 import shlex
@@ -9,7 +9,7 @@ from site_helpers import MPICH_CONFIG
 from support.collectives import check_collectives, smoke_arguments
 from support.patches import HOROVOD_PATCHES, PURELIB, REVERSE
 
-PATCH = "0020-mpich-hydra-detection.patch"
+PATCH = "0013-mpich-hydra-detection.patch"
 HOROVODRUN = f"horovodrun -np 2 -H localhost:2 tfhpc-smoke-collectives {smoke_arguments()}"
 
 

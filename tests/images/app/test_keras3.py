@@ -257,13 +257,19 @@ def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     listed = CONFIG.keras_patches if package == "keras" else CONFIG.horovod_patches
     assert all(name in listed for name in reversed_patches), f"{patch} is no longer listed: drop its test"
     patch_dir = KERAS_PATCHES if package == "keras" else HOROVOD_PATCHES
-    overlay = f"{work}/without-{patch.replace('/', '-')}"
-    host.check_output(f"mkdir -p {overlay} {work}/mwms-without {work}/hvd-fit-without {work}/hvd-callbacks-without && "
-                      f"cp -rs {PURELIB}/{package} {overlay}/")
+    host.check_output(f"mkdir -p {work}/mwms-without {work}/hvd-fit-without {work}/hvd-callbacks-without")
+    assert_fails_without(host, f"{work}/without-{patch.replace('/', '-')}", package, patch_dir, reversed_patches,
+                         f"cd {work} && {command(work)}", error)
+
+
+def assert_fails_without(host, overlay, package, patch_dir, reversed_patches, command, error):
+    """Runs `command` with a copy of the installed `package` (symbolic links, in directory `overlay`) first on
+    PYTHONPATH, `reversed_patches` (of `patch_dir`) reversed in it; it must fail with `error` in its output."""
+    host.check_output(f"mkdir -p {overlay} && cp -rs {PURELIB}/{package} {overlay}/")
     for name in reversed_patches:
         put(host, (patch_dir / name).read_text(), f"{overlay}/{name}")
         host.check_output(f"python -c {shlex.quote(REVERSE)} {overlay}/{name} {overlay}")
-    result = host.run(f"cd {work} && PYTHONPATH={overlay}${{PYTHONPATH:+:$PYTHONPATH}} {command(work)}")
+    result = host.run(f"export PYTHONPATH={overlay}${{PYTHONPATH:+:$PYTHONPATH}}; {command}")
     output = result.stdout + result.stderr
     assert result.rc != 0, output[-3000:]
     assert error in output, output[-3000:]

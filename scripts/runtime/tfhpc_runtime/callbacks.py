@@ -218,7 +218,8 @@ def log_step(enabled, every, epoch, epochs, done, steps):
 def tensorboard_callback(tf, log_dir, profile_steps=None):
     """Keras' TensorBoard callback as the IT4Innovations course uses it (epoch scalars, graph, weight histograms) in
     <log_dir>/train, and with profile_steps (A, B) a profiler trace of this run's steps A to B (counted from 1) in
-    <log_dir>/plugins/profile."""
+    <log_dir>/plugins/profile (tf_keras) or <log_dir>/train/plugins/profile (Keras 3): TensorBoard's profile plugin
+    finds either."""
     return tf.keras.callbacks.TensorBoard(log_dir=log_dir, histogram_freq=1, profile_batch=profile_steps or 0)
 
 

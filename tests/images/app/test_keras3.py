@@ -230,6 +230,9 @@ def test_horovod_load_model_wraps_the_keras3_optimizer_and_keeps_its_state(image
 # ---------------------------------------------------------------------------------------------------------------- #
 # Each patch is needed: the same script with that patch reversed fails with the error its header names.
 
+# 0011 and 0012 change lines that 0007 added (and 0006 needs 0007 reversed first): they are reversed with it, last first.
+LATER_KERAS_PATCHES = ["0012-keras3-backward-passes-per-step.patch", "0011-keras3-partial-distributed.patch"]
+
 WITHOUT = {
     # patch reversed (with any later patch of the same package that needs it) -> (command, expected error)
     "keras/0001-mwms-first-batch-build.patch": (
@@ -239,10 +242,12 @@ WITHOUT = {
         "keras", ["0002-mwms-scalar-reduce.patch"], lambda work: mwms(work, f"{work}/mwms-without"),
         "Invalid reduction dimension 0 for input with 0 dimensions"),
     "horovod/0006-keras3-variables.patch": (
-        "horovod", ["0007-keras3-distributed-optimizer.patch", "0006-keras3-variables.patch"], hvd_loop,
+        "horovod", [*LATER_KERAS_PATCHES, "0007-keras3-distributed-optimizer.patch", "0006-keras3-variables.patch"],
+        hvd_loop,
         "'Variable' object has no attribute 'ref'"),
     "horovod/0007-keras3-distributed-optimizer.patch": (
-        "horovod", ["0007-keras3-distributed-optimizer.patch"], lambda work: hvd_fit(work, f"{work}/hvd-fit-without"),
+        "horovod", [*LATER_KERAS_PATCHES, "0007-keras3-distributed-optimizer.patch"],
+        lambda work: hvd_fit(work, f"{work}/hvd-fit-without"),
         "'Variable' object has no attribute 'ref'"),
     "horovod/0008-keras3-lr-callbacks-load-model.patch": (
         "horovod", ["0008-keras3-lr-callbacks-load-model.patch"],

@@ -47,35 +47,27 @@ def work(host):
 
 
 @pytest.fixture(scope="module")
-def sync_batch_norm_reports(host, work):
-    return run_ranks(host, command(work, "sync_batch_norm"), 2)
+def reports(host, work):
+    """reports(name): the RESULT lines of RUNS[name] on 2 ranks, run once for every test that asks."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = run_ranks(host, command(work, name), 2)
+        return done[name]
+    return get
 
 
-@pytest.fixture(scope="module")
-def partial_reports(host, work):
-    return run_ranks(host, command(work, "partial"), 2)
-
-
-@pytest.fixture(scope="module")
-def backward_passes_reports(host, work):
-    return run_ranks(host, command(work, "backward_passes"), 2)
-
-
-@pytest.fixture(scope="module")
-def elastic_state_reports(host, work):
-    return run_ranks(host, command(work, "elastic_state"), 2)
-
-
-def test_sync_batch_norm_normalizes_with_the_statistics_of_every_rank(image_layer, sync_batch_norm_reports):
-    for report in sync_batch_norm_reports:
+def test_sync_batch_norm_normalizes_with_the_statistics_of_every_rank(image_layer, reports):
+    for report in reports("sync_batch_norm"):
         assert report["keras"].startswith("3.") and report["layer_class"].startswith("keras.src.")
         assert report["own_mean_gap"] > 0.1  # a rank's own statistics would be wrong
         assert report["moving_mean_gap"] < 1e-5 and report["moving_variance_gap"] < 1e-5
         assert report["output_gap"] < 1e-5
 
 
-def test_partial_tape_and_optimizer_keep_the_local_layer_local(image_layer, partial_reports):
-    ranks = partial_reports
+def test_partial_tape_and_optimizer_keep_the_local_layer_local(image_layer, reports):
+    ranks = reports("partial")
     for report in ranks:
         assert report["keras"].startswith("3.")
         assert report["local_gradient_differs"]  # the ranks' own gradients differ from their average
@@ -85,8 +77,8 @@ def test_partial_tape_and_optimizer_keep_the_local_layer_local(image_layer, part
     assert ranks[0]["local_digest"] != ranks[1]["local_digest"]
 
 
-def test_backward_passes_per_step_applies_the_average_of_every_second_batch(image_layer, backward_passes_reports):
-    ranks = backward_passes_reports
+def test_backward_passes_per_step_applies_the_average_of_every_second_batch(image_layer, reports):
+    ranks = reports("backward_passes")
     for report in ranks:
         assert report["moved"] > 0.1
         assert report["reference_gap"] < 1e-5
@@ -95,8 +87,8 @@ def test_backward_passes_per_step_applies_the_average_of_every_second_batch(imag
     assert ranks[0]["weights_digest"] == ranks[1]["weights_digest"]
 
 
-def test_elastic_state_syncs_and_restores_the_keras3_optimizer(image_layer, elastic_state_reports):
-    ranks = elastic_state_reports
+def test_elastic_state_syncs_and_restores_the_keras3_optimizer(image_layer, reports):
+    ranks = reports("elastic_state")
     for report in ranks:
         assert report["optimizer_variables"] > 2  # iterations, learning rate and Adam's slots
         assert report["epoch"] == 10  # rank 0's

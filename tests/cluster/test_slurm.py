@@ -116,18 +116,28 @@ def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
     assert reports[0]["weights_sum"] == reports[1]["weights_sum"]
 
 
+def doctor_reports(cluster, name):
+    """The JSON reports that `tfhpc-doctor --output /jobs/out/doctor/<name>-{rank}.json` wrote, by rank."""
+    _, out = cluster.run("ctl", f"cat /jobs/out/doctor/{name}-0.json /jobs/out/doctor/{name}-1.json")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
 def test_doctor_across_nodes_passes_with_pmix_and_flags_srun_without_it(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "command-srun-pmix.sbatch", "tfhpc-doctor --json")
-    reports = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    # One report file per rank (--output): srun may split the long JSON lines of two ranks into each other's.
+    slurm_cluster.run("ctl", "rm -rf /jobs/out/doctor && mkdir -m 1777 /jobs/out/doctor")
+    job, state, rc, output = sbatch(slurm_cluster, sif, "command-srun-pmix.sbatch",
+                                    "tfhpc-doctor --json --output /jobs/out/doctor/pmix-{rank}.json")
     assert (rc, state) == (0, "COMPLETED"), output
+    reports = doctor_reports(slurm_cluster, "pmix")
     assert sorted(r["host"] for r in reports) == NODES
     assert all(set(r["facts"]["sizes"].values()) == {2} for r in reports), [r["facts"]["sizes"] for r in reports]
     assert all(r["facts"]["runtime"] == "apptainer" for r in reports)
     # The same with srun --mpi=none: the image's MPI cannot wire up; the doctor says so on both ranks (the cluster
     # kills a step on a bad exit: keep the other rank alive to hear it too).
-    rc, out = slurm_cluster.run("ctl", f"srun -N2 -n2 --mpi=none --kill-on-bad-exit=0 apptainer exec {sif} tfhpc-doctor --json",
-                                timeout=300)
-    reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    # (from /jobs/out, which apptainer binds as the working directory, as the job above does)
+    rc, out = slurm_cluster.run("ctl", f"cd /jobs/out && srun -N2 -n2 --mpi=none --kill-on-bad-exit=0 apptainer exec {sif} "
+                                       "tfhpc-doctor --json --output /jobs/out/doctor/none-{rank}.json", timeout=300)
+    reports = doctor_reports(slurm_cluster, "none")
     assert rc != 0 and len(reports) == 2, out
     for report in reports:
         # The image's Open MPI either starts as a world of 1 (flagged as the size()==1 trap) or aborts because it

@@ -57,3 +57,8 @@ def test_the_check_count_sees_asserts_and_pytest_fail_and_raises_only():
     source = ("import pytest\nassert 1\ndef f():\n    assert 2, 'x'\n    pytest.fail('no')\n"
               "    with pytest.raises(ValueError):\n        pass\n    fail()\n    other.raises()\n")
     assert checks_in(source) == 4
+
+
+def test_a_long_result_line_that_mpirun_split_and_tagged_again_is_joined():
+    output = '[1,0]<stdout>:RESULT {"rank": 0, "losses": [0.5,[1,0]<stdout>: 0.25]}\n[1,1]<stdout>:RESULT {"rank": 1}\n'
+    assert results(output, 2) == [{"rank": 0, "losses": [0.5, 0.25]}, {"rank": 1}]

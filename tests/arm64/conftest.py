@@ -8,7 +8,7 @@ goes; what needs a missing layer is skipped, saying which. A container per modul
 """
 import pytest
 
-from support.containers import SCRIPTS, start_container
+from support.containers import SCRIPTS, running, testinfra_host
 from support.markers import mark_directory
 from support.stack import CONFIG, MANIFEST
 
@@ -59,14 +59,10 @@ def scripts():
 
 @pytest.fixture(scope="module")
 def container(docker_client, top_layer):
-    running = start_container(docker_client, CONFIG.image(top_layer))
-    try:
-        yield running
-    finally:
-        running.remove(force=True)
+    with running(docker_client, CONFIG.image(top_layer)) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def host(container):
-    import testinfra
-    return testinfra.get_host(f"docker://{container.id}")
+    return testinfra_host(container)

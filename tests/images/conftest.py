@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 
-from support.containers import SCRIPTS, start_container  # noqa: F401 (test modules import them from here)
+from support.containers import SCRIPTS, running, start_container, testinfra_host  # noqa: F401 (re-exported)
 from support.markers import mark_directory
 from support.results import results
 from support.stack import CONFIG, MANIFEST
@@ -40,24 +40,19 @@ def image(image_layer, docker_client):
 
 @pytest.fixture(scope="module")
 def container(docker_client, image):
-    running = start_container(docker_client, image)
-    try:
-        yield running
-    finally:
-        running.remove(force=True)
+    with running(docker_client, image) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
 def host(container):
-    import testinfra
-    return testinfra.get_host(f"docker://{container.id}")
+    return testinfra_host(container)
 
 
 @pytest.fixture(scope="module")
 def root_host(container):
     """The same container, as root: for looking at files the runtime user cannot read."""
-    import testinfra
-    return testinfra.get_host(f"docker://root@{container.id}")
+    return testinfra_host(container, "root")
 
 
 def run_ranks(host, command, ranks=2, output_dir=None):

@@ -1,6 +1,9 @@
 """Horovod Elastic on three nodes (containers of the app image with sshd): a node lost mid-training and brought back.
 
-For each elastic entrypoint (tfhpc-train-hvd-loop and -fit with --elastic), one run: horovodrun --min-np 2 --max-np 3
+For each elastic entrypoint (tfhpc-train-hvd-loop and -fit with --elastic), one run, each with one Keras so that both
+are covered without a third run: tfhpc-train-hvd-fit with the stack's default Keras (Keras 3 on the latest stack:
+KerasState and CommitStateCallback in a Keras 3 Model.fit, Horovod patch 0009), tfhpc-train-hvd-loop with --keras 2
+(tf_keras; TensorFlowKerasState with a tf_keras optimizer). Each run: horovodrun --min-np 2 --max-np 3
 on node1 with the shipped discovery script (tfhpc-slurm-hosts, given the node list a Slurm job would have) starts one
 rank per node; node3 is killed (docker kill) 10 s after the first epoch's checkpoint, and started again 25 s later.
 Checked by value: the job ends 0; the two survivors go on with 2 ranks, every rank finishes every epoch, the loss
@@ -18,7 +21,7 @@ import pytest
 from conftest import CA_BUNDLE, CLUSTERS, started
 from harness import Cluster, image_node_image
 from support.results import results
-from support.stack import CONFIG
+from support.stack import CONFIG, DEFAULT_KERAS
 
 NODES = ["node1", "node2", "node3"]
 LOST = "node3"  # never node1: horovodrun's driver runs there
@@ -26,8 +29,10 @@ EPOCHS = 24  # long enough (about 2 min) for node3 to be killed, started again a
 # --lr 0.02 (0.06 with 3 ranks): with the default 0.05 x 3 and momentum 0.9 the loss climbed back after about 20
 # epochs in 2 of 2 runs of 50 epochs (to 2.31; in the run with per-epoch losses gradually from epoch 22, several epochs
 # after the last reset).
-# --keras 2: --elastic runs with tf_keras only (docs/keras.md)
-TRAIN_FLAGS = f"--epochs {EPOCHS} --train-samples 6000 --batch-size 32 --lr 0.02 --verbose 0 --keras 2"
+LR = 0.02  # per rank: 0.06 with 3 ranks, 0.04 with 2
+TRAIN_FLAGS = f"--epochs {EPOCHS} --train-samples 6000 --batch-size 32 --lr {LR} --verbose 0"
+# The Keras of each entrypoint's run (module docstring): "" is the stack's default.
+KERAS = {"train-hvd-fit": "", "train-hvd-loop": "--keras 2"}
 # The discovery script as a Slurm job would run it: the shipped one, with the job's node list in its environment.
 DISCOVER = "#!/bin/sh\nSLURM_JOB_NODELIST='node[1-3]' SLURM_NTASKS_PER_NODE=1 exec tfhpc-slurm-hosts --timeout 1\n"
 # A host whose rank failed is blacklisted; after this cooldown (seconds, randomised in the range) it may rejoin.
@@ -75,7 +80,7 @@ def lost_and_back(request, elastic_cluster):
     def job():
         finished["result"] = elastic_cluster.run(
             "node1", f"horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script ./discover "
-                     f"--blacklist-cooldown-range {COOLDOWN} tfhpc-{command} --elastic {TRAIN_FLAGS} "
+                     f"--blacklist-cooldown-range {COOLDOWN} tfhpc-{command} --elastic {TRAIN_FLAGS} {KERAS[command]} "
                      f"--checkpoint-dir {CHECKPOINTS}", timeout=900)
 
     thread = threading.Thread(target=job)
@@ -146,6 +151,22 @@ def test_job_carries_on_with_two_ranks_and_finishes_every_epoch(lost_and_back):
         assert report["max_weight_difference_across_ranks"] == 0.0 and not report["failures"], report["failures"]
     assert len({r["weights_sum"] for r in reports}) == 1, [r["weights_sum"] for r in reports]
     assert len({json.dumps(r["losses"]) for r in reports}) == 1  # the metrics of rank 0, broadcast at each reset
+
+
+def test_keras_and_learning_rate_follow_the_ranks(lost_and_back):
+    """Each run trains with its Keras, and after every reset the learning rate is the one for the ranks there are
+    (LR x ranks; with Keras 3 the optimizer's state that a reset restores and broadcasts holds the learning rate too):
+    every epoch after the warm-up ends at 3 x LR or, with 2 ranks, 2 x LR; some with 2, the last with 3."""
+    run = lost_and_back
+    assert run["rc"] == 0, run["out"]
+    expected = "2" if KERAS[run["command"]] else DEFAULT_KERAS
+    for report in run["reports"]:
+        assert report["keras"].split(".")[0] == expected, (run["command"], report["keras"])
+        rates = report["learning_rates"][1:]  # the first epoch warms up from LR
+        assert len(rates) == EPOCHS - 1, report["learning_rates"]
+        assert all(rate == pytest.approx(3 * LR) or rate == pytest.approx(2 * LR) for rate in rates), rates
+        assert any(rate == pytest.approx(2 * LR) for rate in rates), rates
+        assert rates[-1] == pytest.approx(3 * LR), rates
 
 
 def test_restarted_node_rejoins_at_the_next_reset(lost_and_back):

@@ -17,6 +17,8 @@ MANIFEST = Manifest()
 CONFIG = MANIFEST.config(os.environ.get("STACK") or None, os.environ.get("FLAVOR") or None,
                          os.environ.get("MPI") or None, os.environ.get("ARCH") or None)
 LEAF = MANIFEST.layers.leaf
+# The Keras the training entrypoints run with by default (docs/keras.md): Keras 3 where TensorFlow has it.
+DEFAULT_KERAS = "3" if "tf_keras" in CONFIG.versions else "2"
 
 
 def expected_collectives(size, sizes, dtypes):

@@ -153,3 +153,9 @@ def test_elastic_refuses_a_mid_epoch_checkpoint_but_resumes_an_epoch_one(tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has already done 3 epoch(s): raise --epochs above 3" in err, err
     check_elastic_args(elastic_args(elastic=False, global_batch_size=64), {})  # without --elastic: nothing checked
+
+
+@pytest.mark.parametrize("keras", ["3", "2"])
+def test_elastic_runs_with_either_keras(capsys, keras):
+    check_elastic_args(elastic_args(keras=keras), {"HOROVOD_ELASTIC": "1"})  # Keras 3: Horovod patch 0009
+    assert capsys.readouterr().err == ""

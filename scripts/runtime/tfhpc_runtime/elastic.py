@@ -36,9 +36,6 @@ def check_elastic_args(args, environ=os.environ):
     if environ.get("HOROVOD_ELASTIC") != "1":
         fail(f"--elastic needs horovodrun's elastic mode (HOROVOD_ELASTIC=1 is not set): start it as "
              f"`{ELASTIC_COMMAND}`, or drop --elastic")
-    if getattr(args, "keras", None) == "3":
-        fail("--elastic runs with Keras 2 only: Horovod Elastic's KerasState calls optimizer.variables(), a property "
-             "in Keras 3 (horovod/horovod#4290): add --keras 2")
     if args.global_batch_size is not None:
         fail("--global-batch-size cannot be kept when --elastic changes the number of ranks: give --batch-size "
              "per rank instead")

@@ -26,10 +26,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tfhpc_runtime import fabric, hostenv, kerasnames, singlecopy
+from tfhpc_runtime import cpuarch, fabric, hostenv, kerasnames, singlecopy
 from tfhpc_runtime.cluster import PROXY_VARIABLES, ipv4_address, slurm_port_base, tf_config_problem
 from tfhpc_runtime.files import atomic_write_bytes
-from tfhpc_runtime.gpu import driver_cuda_version, nccl_version
+from tfhpc_runtime.gpu import capability_support, device_compute_capabilities, driver_cuda_version, nccl_version
 from tfhpc_runtime.mpilib import pmix_version
 from tfhpc_runtime.versions import installed_versions
 
@@ -46,6 +46,7 @@ info = tf.sysconfig.get_build_info()
 result["tf_cuda_build"] = bool(info.get("is_cuda_build"))
 result["tf_cuda_version"] = info.get("cuda_version")
 result["tf_cudnn_version"] = info.get("cudnn_version")
+result["tf_cuda_capabilities"] = info.get("cuda_compute_capabilities")
 # Which Keras each name resolves to (docs/keras.md): `import keras`, and tf.keras, which TF_USE_LEGACY_KERAS switches.
 import importlib
 try:
@@ -162,10 +163,34 @@ def check_runtime(report):
     else:
         report.facts["runtime"] = "host"
         report.add("runtime", "container", INFO, "no container runtime detected: running on the host")
+    check_architecture(report, cpuarch.describe())
     home = os.environ.get("HOME", "")
     if not home or not os.access(home, os.W_OK):
         report.add("runtime", "home", WARN, f"HOME={home or '(unset)'} is not writable",
                    "horovodrun and Keras write to $HOME: bind a writable home or set HOME=$(mktemp -d)")
+
+
+def check_architecture(report, cpu):
+    """The machine the image's programs run as and the processor under them; another family means emulation."""
+    report.facts["architecture"] = cpu
+    if cpu["emulated"]:
+        report.add("runtime", "architecture", WARN, f"{cpu['machine']} programs emulated on a {cpu['cpu']} "
+                   "(binfmt_misc and qemu): many times slower than native",
+                   "pull the image for this node's architecture (tfhpc builds amd64 and arm64: docs/arm64.md)")
+    else:
+        report.add("runtime", "architecture", OK, f"{cpu['machine']}, native: {cpu['cpu']}")
+
+
+def check_capabilities(report, devices, built):
+    """Each visible GPU's compute capability against the kernels TensorFlow's wheel carries."""
+    report.facts["gpu_capabilities"] = devices
+    for index, (name, capability) in enumerate(devices):
+        supported, how = capability_support(capability, built)
+        if supported:
+            report.add("gpu", f"compute capability {index}", OK, f"{name}: {capability}, {how}")
+        else:
+            report.add("gpu", f"compute capability {index}", FAIL, f"{name}: {how}",
+                       "use GPUs that TensorFlow's wheel supports, or an image built for this GPU")
 
 
 def check_gpus(report, probe):
@@ -197,6 +222,7 @@ def check_gpus(report, probe):
     else:
         report.add("gpu", "driver", OK, f"{len(devices)} device(s), CUDA_VISIBLE_DEVICES={visible}, driver CUDA "
                    f"{driver}; image: {wanted}")
+    check_capabilities(report, device_compute_capabilities(), probe.get("tf_cuda_capabilities"))
 
 
 def check_launcher(report, launch, probe, probe_error):

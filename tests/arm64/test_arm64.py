@@ -1,6 +1,7 @@
 """The arm64 stack under emulation: the images are aarch64, TensorFlow computes, MPI reduces across 2 ranks, and, where
 the horovod layer is built, Horovod's build, its 2-rank collectives and a 2-rank training (values checked)."""
 import json
+import platform
 import shlex
 
 import pytest
@@ -49,6 +50,16 @@ def test_the_image_is_aarch64(host, top_layer, docker_client):
     assert run(host, "uname -m").strip() == CONFIG.machine
     assert docker_client.images.get(CONFIG.image(top_layer)).attrs["Architecture"] == CONFIG.arch
     assert docker_client.images.get(CONFIG.image(top_layer)).labels["io.tfhpc.platform"] == CONFIG.platform
+
+
+def test_the_doctors_architecture_check_names_the_emulation(host, needs, scripts):
+    # tfhpc_runtime.cpuarch from the scripts the container has (the doctor itself needs the app layer): on an x86 host
+    # qemu-user passes the host's /proc/cpuinfo through, so aarch64 programs see an x86 processor.
+    needs("mpi")
+    program = "import json; from tfhpc_runtime import cpuarch; print(json.dumps(cpuarch.describe()))"
+    described = json.loads(run(host, f"env PYTHONPATH={scripts}/runtime python3 -c {shlex.quote(program)}"))
+    assert described["machine"] == CONFIG.machine
+    assert described["emulated"] is (platform.machine() != CONFIG.machine), (platform.machine(), described)
 
 
 def test_tensorflow_computes(host, needs):

@@ -1,5 +1,5 @@
 """Which device a rank computes on and which GPU it takes: the one place where the training entrypoints, the smoke
-tests and the MWMS cluster plan decide it. Also what the doctor reads about GPUs (driver, NCCL).
+tests and the MWMS cluster plan decide it. Also what the doctor reads about GPUs (driver, compute capability, NCCL).
 
 Nothing here imports TensorFlow: functions that need it take the module as `tf`, and the host's unit tests call the
 choice logic without it (tests/unit/test_smoke_device.py, tests/unit/test_train_gpu_choice.py).
@@ -119,3 +119,37 @@ def nccl_version(code):
     if code >= 20900:
         return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
     return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def device_compute_capabilities(run=subprocess.run):
+    """[(name, 'major.minor')] of the visible GPUs from nvidia-smi (driver >= 510 knows compute_cap), else []."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True,
+                  text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.splitlines():
+        name, _, capability = line.rpartition(",")
+        if name.strip() and capability.strip().replace(".", "", 1).isdigit():
+            found.append((name.strip(), capability.strip()))
+    return found
+
+
+def capability_support(capability, built):
+    """Whether kernels built for `built` (TensorFlow's cuda_compute_capabilities, e.g. ['sm_80', 'compute_90']) run
+    on a GPU of compute capability 'major.minor': (True, how) or (False, why). A cubin runs on its major's later
+    minors; PTX is compiled by the driver for any later GPU (at start-up, and cached)."""
+    major, minor = (int(part) for part in capability.split("."))
+    kernels = [(kind, int(number)) for kind, _, number in (entry.partition("_") for entry in built or ())
+               if kind in ("sm", "compute") and number.isdigit()]
+    cubins = sorted(n for kind, n in kernels if kind == "sm" and n // 10 == major and n % 10 <= minor)
+    if cubins:
+        return True, f"kernels for sm_{cubins[-1]}"
+    ptx = sorted(n for kind, n in kernels if kind == "compute" and n <= major * 10 + minor)
+    if ptx:
+        return True, f"PTX for compute_{ptx[-1]}, compiled by the driver on first use"
+    listed = ", ".join(f"{kind}_{n}" for kind, n in kernels) or "none"
+    return False, f"TensorFlow's kernels ({listed}) do not run on compute capability {capability}"

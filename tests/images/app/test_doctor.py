@@ -52,6 +52,10 @@ def test_healthy_two_rank_run_passes_with_size_two_everywhere(host, image_layer,
         assert "size 2 everywhere" in check(report, "world size")["detail"]
     if "mpirun" in launcher or "--gloo" not in launcher:
         assert found[0]["facts"]["sizes"].get("mpi") == 2
+    for report in found:  # the image's architecture, native on this host (emulated: tests/arm64)
+        architecture = check(report, "architecture")
+        assert architecture["status"] == "ok" and architecture["detail"].startswith(f"{CONFIG.machine}, native: ")
+        assert report["facts"]["architecture"]["machine"] == CONFIG.machine, report["facts"]["architecture"]
 
 
 def test_tasks_that_each_see_size_one_are_flagged_on_every_rank(host, image_layer):

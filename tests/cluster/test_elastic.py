@@ -7,7 +7,8 @@ KerasState and CommitStateCallback in a Keras 3 Model.fit, Horovod patch 0009), 
 on node1 with the shipped discovery script (tfhpc-slurm-hosts, given the node list a Slurm job would have) starts one
 rank per node; node3 is killed (docker kill) 10 s after the first epoch's checkpoint, and started again 25 s later.
 Checked by value: the job ends 0; the two survivors go on with 2 ranks, every rank finishes every epoch, the loss
-falls, the final weights are equal on all ranks; node3 comes back through the discovery script and rejoins at the next reset (the job
+falls, the final weights are equal on all ranks, each run's RESULT names its Keras and every epoch after the warm-up
+ends with the learning rate for the ranks there are (--lr x ranks, set again after every reset); node3 comes back through the discovery script and rejoins at the next reset (the job
 ends with 3 ranks, node3's rank trains only after its restart). The pause when the node is lost and the throughput
 with 3 and 2 ranks are printed (docs/measurements.md), never asserted.
 """

@@ -45,9 +45,11 @@ def _choose(kind: str, value: str, valid) -> str:
 
 
 def upstream_version(debian_version: str) -> str:
-    """'1:2.3.4-5+b1' -> '2.3.4': the upstream part of a Debian package version."""
+    """'1:2.3.4-5+b1' -> '2.3.4': the upstream part of a Debian package version. Debian's '+really' convention
+    (a package that went back to an older release) names the release it really is: '1.2+really1.1-1' -> '1.1'."""
     version = debian_version.split(":", 1)[-1]
-    return version.rsplit("-", 1)[0] if "-" in version else version
+    version = version.rsplit("-", 1)[0] if "-" in version else version
+    return version.rsplit("+really", 1)[-1]
 
 
 @dataclass(frozen=True)

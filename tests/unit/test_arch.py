@@ -30,9 +30,9 @@ def test_the_default_architecture_keeps_its_names(manifest):
     config = manifest.config()
     assert manifest.data["default_arch"] == "amd64" and config.arch == "amd64"
     assert config.tag == "latest-cpu-openmpi" and config.image("app") == "tfhpc-app:latest-cpu-openmpi"
-    assert config.locks == "locks/latest-cpu" and config.debootstrap_root_image == "tfhpc-root:debian-bookworm"
+    assert config.locks == "locks/latest-cpu" and config.debootstrap_root_image == f"tfhpc-root:debian-{config.os_release}"
     assert (config.platform, config.machine, config.python_platform) == ("linux/amd64", "x86_64",
-                                                                          "x86_64-manylinux_2_36")
+                                                                          f"x86_64-{config.os['manylinux']}")
     assert config.tensorflow_package == "tensorflow-cpu"
     assert manifest.config(arch="amd64") == config
     assert not any("platform" in key for key in config.labels("app"))  # same labels, same image ids as before
@@ -42,9 +42,9 @@ def test_another_architecture_gets_its_own_names(arm64):
     assert arm64.tag == "latest-cpu-openmpi-arm64"
     assert arm64.image("horovod") == "tfhpc-horovod:latest-cpu-openmpi-arm64"
     assert arm64.locks == "locks/latest-cpu-arm64"
-    assert arm64.debootstrap_root_image == "tfhpc-root:debian-bookworm-arm64"
+    assert arm64.debootstrap_root_image == f"tfhpc-root:debian-{arm64.os_release}-arm64"
     assert (arm64.platform, arm64.machine, arm64.python_platform) == ("linux/arm64", "aarch64",
-                                                                       "aarch64-manylinux_2_36")
+                                                                       f"aarch64-{arm64.os['manylinux']}")
     assert arm64.labels("base")["io.tfhpc.platform"] == "linux/arm64"
     assert arm64.labels("app")["org.opencontainers.image.version"] == arm64.tag
 
@@ -219,10 +219,11 @@ def test_debootstrap_of_another_architecture_names_it_and_builds_the_root_for_it
     monkeypatch.setattr(rootimage, "ROOTFS_WORKDIR", tmp_path)
     monkeypatch.setattr(rootimage, "import_foreign_root",
                         lambda config, archive, name: imported.append((archive.name, name, archive.is_file())))
-    assert rootimage.debootstrap_root(arm64) == "tfhpc-root:debian-bookworm-arm64"
+    root = f"tfhpc-root:debian-{arm64.os_release}-arm64"
+    assert rootimage.debootstrap_root(arm64) == root
     (command,) = commands
-    assert command[:4] == ["debootstrap", "--variant=minbase", "--arch=arm64", "bookworm"]
-    assert imported == [("rootfs.tar", "tfhpc-root:debian-bookworm-arm64", True)]
+    assert command[:4] == ["debootstrap", "--variant=minbase", "--arch=arm64", arm64.os_release]
+    assert imported == [("rootfs.tar", root, True)]
 
 
 def test_every_architecture_is_locked_for_its_machine(manifest):

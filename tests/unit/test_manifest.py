@@ -37,7 +37,7 @@ def test_build_args_carry_the_pins(manifest):
     assert args["TENSORFLOW_VERSION"] == data["stacks"]["latest"]["tensorflow"]
     assert args["HOROVOD_VERSION"] == data["defaults"]["horovod"]
     assert args["HOROVOD_PATCHES"].split() == data["stacks"]["latest"]["horovod_patches"]
-    assert args["MPI_PACKAGE_VERSION"] == data["os"]["bookworm"]["mpi"]["openmpi"]["package_version"]
+    assert args["MPI_PACKAGE_VERSION"] == data["os"][data["stacks"]["latest"]["os"]]["mpi"]["openmpi"]["package_version"]
     conservative = manifest.config("conservative").build_args()
     assert conservative["TF_KERAS_VERSION"] == "" and conservative["TF_USE_LEGACY_KERAS"] == "0"
     assert conservative["HOROVOD_PATCHES"].split() == data["stacks"]["conservative"]["horovod_patches"]
@@ -47,7 +47,7 @@ def test_labels_have_one_version_label_per_component(manifest):
     config = manifest.config("latest", mpi="mpich")
     labels = config.labels("mpi")
     assert labels["io.tfhpc.mpi.version"] == "mpich " + upstream_version(
-        manifest.data["os"]["bookworm"]["mpi"]["mpich"]["package_version"])
+        manifest.data["os"][config.os_release]["mpi"]["mpich"]["package_version"])
     for component in ("tensorflow", "tf_keras", "horovod", "mpi4py", "python", "os"):
         assert f"io.tfhpc.{component}.version" in labels
     assert labels["org.opencontainers.image.title"] == "tfhpc-mpi"
@@ -83,6 +83,7 @@ def test_upstream_version():
     assert upstream_version("4.1.6-7+b2") == "4.1.6"
     assert upstream_version("1:2.3-1") == "2.3"
     assert upstream_version("4.0.2") == "4.0.2"
+    assert upstream_version("2.0+really1.9-3") == "1.9"
 
 
 def write(tmp_path, name, text):

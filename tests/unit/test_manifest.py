@@ -72,7 +72,7 @@ def test_app_layer_packages_are_pinned_per_stack_and_labelled_from_the_app_layer
 @pytest.mark.parametrize("kwargs, message", [
     ({"stack": "newest"}, "unknown STACK 'newest': valid values are conservative, latest"),
     ({"flavor": "tpu"}, "unknown FLAVOR 'tpu': valid values are"),
-    ({"mpi": "mvapich"}, "unknown MPI 'mvapich': valid values are mpich, openmpi"),
+    ({"mpi": "mvapich"}, "unknown MPI 'mvapich': valid values are abi, mpich, openmpi"),
 ])
 def test_unknown_values_list_the_valid_ones(manifest, kwargs, message):
     with pytest.raises(UserError, match=message):

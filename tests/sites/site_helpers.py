@@ -7,6 +7,18 @@ from support.stack import CONFIG, MANIFEST
 
 MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
 OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
+
+
+def _abi_config():
+    """The MPI=abi configuration of the same stack and flavour, or None where versions.toml has none (the
+    conservative stack, the GPU flavour)."""
+    abi = CONFIG.os["mpi"].get("abi")
+    if abi is None or CONFIG.flavor not in abi.get("flavors", [CONFIG.flavor]):
+        return None
+    return MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi")
+
+
+ABI_CONFIG = _abi_config()
 LEAF = MANIFEST.layers.leaf
 
 

@@ -60,6 +60,10 @@ def test_the_images_library_and_one_from_ld_library_path_are_told_apart():
     assert mpilib.library_origin("/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", mounts) == (
         "image", "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0")
     assert mpilib.library_origin("/opt/site-mpi/mpich-9.1/lib/libmpi.so.12", mounts)[0] == "elsewhere"
+    # the MPI=abi image's own library is the wheel's, in the venv
+    assert mpilib.library_origin("/opt/venv/lib/libmpi_abi.so.1", mounts)[0] == "image"
+    assert mpilib.library_origin("/opt/site-mpi/impi-rt-9/lib/libmpi_abi.so.1", mounts)[0] == "elsewhere"
+    assert mpilib.loaded_view(["/opt/venv/lib/libmpi_abi.so.1"])["mpi"] == ["/opt/venv/lib/libmpi_abi.so.1"]
 
 
 def test_origins_reads_this_process_mounts(tmp_path):

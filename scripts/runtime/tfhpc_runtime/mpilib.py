@@ -53,8 +53,9 @@ def loaded_view(paths):
     return view
 
 
-# Where the image's own libraries live: a library loaded from elsewhere was put first by LD_LIBRARY_PATH (a host MPI).
-IMAGE_LIBRARY_DIRS = ("/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/")
+# Where the image's own libraries live (the system's, and /opt/venv/lib: the MPI=abi image's libmpi_abi.so.1): a
+# library loaded from elsewhere was put first by LD_LIBRARY_PATH (a host MPI).
+IMAGE_LIBRARY_DIRS = ("/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/", "/opt/venv/lib/")
 
 
 def _unescape(field):

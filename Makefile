@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
 FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_flavor)
-MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
+MPI ?=##           MPI implementation (openmpi | mpich | abi: the MPI 5.0 standard ABI; default: versions.toml's default_mpi)
 ARCH ?=##          target architecture (amd64 | arm64, tagged -arm64; default: versions.toml's default_arch; docs/arm64.md)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)

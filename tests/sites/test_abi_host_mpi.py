@@ -86,6 +86,7 @@ def test_the_doctor_names_the_library_each_rank_loaded(runs, site_mpis, mpi, whe
                                           for p in facts["paths"]), facts
             assert facts["version"].startswith(HOST_MPIS[mpi]), facts
             assert library["detail"].startswith(f"host MPI from TFHPC_HOST_MPI={prefix}"), library
+        assert facts["abi"] == "1.0" and library["detail"].endswith("(MPI standard ABI 1.0)"), library
         assert check(report, "launcher", "world size")["status"] == "ok"
 
 

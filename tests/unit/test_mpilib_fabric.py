@@ -98,3 +98,11 @@ def test_provider_directories_are_scanned(tmp_path):
     assert fabric.scan_provider_dirs(dirs) == ["cxi", "efa"]
     result = fabric.providers(str(tmp_path / "lib" / "libfabric.so.1"), environ={"PATH": str(tmp_path)})
     assert result["providers"] == ["cxi", "efa"] and result["source"].startswith("provider libraries in")
+
+
+def test_abi_version_only_for_a_standard_abi_library():
+    """MPI_Abi_get_version is asked of libmpi_abi.so.* only (an MPICH-ABI library may export it too); a library that
+    cannot be opened gives None, never an error in the doctor's probe. Its value is checked on the images
+    (tests/sites/test_abi_host_mpi.py)."""
+    assert mpilib.abi_version(["/usr/lib/x86_64-linux-gnu/libmpi.so.12"]) is None
+    assert mpilib.abi_version(["/nonexistent/lib/libmpi_abi.so.1"]) is None

@@ -129,6 +129,22 @@ def describe_transport(view, environ=os.environ):
     return "; ".join(parts) or "not discoverable from the loaded libraries (MPI built without loadable components)"
 
 
+def abi_version(paths):
+    """MPI_Abi_get_version() of the first standard-ABI library (libmpi_abi.so.*) among `paths` (loaded already, by
+    mpi4py), as "major.minor", or None: which version of the MPI 5.0 ABI the rank's library implements."""
+    for path in paths:
+        if Path(path).name.startswith("libmpi_abi.so"):
+            try:
+                function = ctypes.CDLL(path).MPI_Abi_get_version
+            except (OSError, AttributeError):
+                return None
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            if function(ctypes.byref(major), ctypes.byref(minor)) == 0:
+                return f"{major.value}.{minor.value}"
+            return None
+    return None
+
+
 def pmix_version(path):
     """PMIx_Get_version() of the PMIx library at `path` (already loaded by the MPI), or None."""
     try:

@@ -157,8 +157,9 @@ def main():
                     if chief:  # Horovod: rank 0 writes the checkpoint of this step.
                         checkpoints.save(checkpoint, epoch, step + 1)
                     profiler.close()
-                    stop.exit({"rank": rank, "size": size, "script": "hvd_custom_loop", "initial_epoch": start_epoch,
-                               "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
+                    stop.exit({"rank": rank, "size": size, "script": "hvd_custom_loop",
+                               "initial_epoch": state.initial[0], "initial_step": state.initial[1],
+                               "epochs": args.epochs, "steps_per_epoch": steps,
                                "checkpoints_written": checkpoints.written, "losses": state.losses,
                                "weights_sum": float(flat_weights(model).sum()),
                                "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None,
@@ -185,7 +186,9 @@ def main():
                 state.commit()
         return checkpoints
 
-    progress = {"epoch": start_epoch, "samples": start_step * batch * size, "totals": [0.0, 0.0, 0],
+    # "initial": rank 0's resume point; Horovod Elastic broadcasts the state, so every rank reports it.
+    progress = {"initial": [start_epoch, start_step], "epoch": start_epoch,
+                "samples": start_step * batch * size, "totals": [0.0, 0.0, 0],
                 "losses": [], "accuracies": [], "learning_rates": []}
     started = time.time()
     elastic = (hvd.elastic.TensorFlowKerasState, hvd.elastic.run, model, optimizer) if args.elastic else None
@@ -212,7 +215,8 @@ def main():
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
         "lr": scaled_lr(args.lr, size, args.lr_scaling),
-        "initial_epoch": start_epoch, "initial_step": start_step, "epochs": args.epochs, "exported": exported,
+        "initial_epoch": state.initial[0], "initial_step": state.initial[1], "epochs": args.epochs,
+        "exported": exported,
         "losses": state.losses, "accuracies": state.accuracies,
         "learning_rates": state.learning_rates, "test_loss": test_loss, "test_accuracy": test_accuracy,
         "train_seconds": seconds, "intra_threads": threads, "weights_sum": float(flat.sum()),

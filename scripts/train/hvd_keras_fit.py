@@ -172,15 +172,18 @@ def main():
             model.fit(data, epochs=end_epoch, initial_epoch=stretch_epoch, steps_per_epoch=steps - stretch_step,
                       callbacks=callbacks, verbose=args.verbose if chief else 0)  # Horovod: rank 0 prints.
             if stop.at:
-                stop.exit({"rank": rank, "size": size, "script": "hvd_keras_fit", "initial_epoch": start_epoch,
-                           "initial_step": start_step, "epochs": args.epochs, "steps_per_epoch": steps,
+                stop.exit({"rank": rank, "size": size, "script": "hvd_keras_fit",
+                           "initial_epoch": state.initial[0], "initial_step": state.initial[1],
+                           "epochs": args.epochs, "steps_per_epoch": steps,
                            "checkpoints_written": checkpoints.written,
                            "weights_sum": float(flat_weights(model).sum()),
                            "checkpoint_dir_listing": listing(args.checkpoint_dir) if chief else None,
                            "failures": []})
         return checkpoints
 
-    history = {"epoch": start_epoch, "samples": start_step * batch * size, "losses": [], "accuracies": [],
+    # "initial": rank 0's resume point; Horovod Elastic broadcasts the state, so every rank reports it.
+    history = {"initial": [start_epoch, start_step], "epoch": start_epoch,
+               "samples": start_step * batch * size, "losses": [], "accuracies": [],
                "learning_rates": []}
     started = time.time()
     elastic = (hvd.elastic.KerasState, hvd.elastic.run, model, optimizer) if args.elastic else None
@@ -203,9 +206,9 @@ def main():
         "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),
-        "lr": scaled_lr(args.lr, size, args.lr_scaling), "initial_epoch": start_epoch, "epochs": args.epochs,
+        "lr": scaled_lr(args.lr, size, args.lr_scaling), "initial_epoch": state.initial[0], "epochs": args.epochs,
         "exported": exported, "losses": state.losses, "accuracies": state.accuracies,
-        "learning_rates": state.learning_rates, "initial_step": start_step,
+        "learning_rates": state.learning_rates, "initial_step": state.initial[1],
         "test_loss": test_loss, "test_accuracy": test_accuracy, "train_seconds": seconds, "intra_threads": threads,
         "weights_sum": float(flat.sum()), "max_weight_change": float(abs(flat - initial_weights).max()),
         "max_weight_difference_across_ranks": max_difference, "checkpoints_written": checkpoints.written,

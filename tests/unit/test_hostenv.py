@@ -1,6 +1,7 @@
 """The image's environment against the host's (tfhpc_runtime.hostenv): host install variables removed, the bind
 model's TFHPC_HOST_MPI checked and applied, and the SIF's %environment in step with the module."""
 import os
+import pwd
 import re
 import subprocess
 
@@ -182,3 +183,18 @@ def test_srun_pmi2_gives_mpich_the_ofi_network_module():
     assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({**slurm, "MPIR_CVAR_CH4_NETMOD": "ucx"}), "caller's choice"
     assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({"SLURM_MPI_TYPE": "pmix", "PMIX_RANK": "0"})
     assert "MPIR_CVAR_CH4_NETMOD" not in hostenv.prepare({"PMI_FD": "5"}), "hydra's mpiexec reads whole lines"
+
+
+# ------------------------------------------------------------------------------------------------------------------ #
+# HOME where the runtime set none (enroot start without ENROOT_MOUNT_HOME)
+
+
+def test_a_missing_home_comes_from_passwd_and_a_set_one_stays():
+    environ = {"PATH": "/usr/bin"}
+    assert hostenv.default_home(environ, home=lambda: "/home/tfhpc") == "/home/tfhpc"
+    assert environ == {"PATH": "/usr/bin", "HOME": "/home/tfhpc"}
+    environ = {"HOME": "/users/alice"}
+    assert hostenv.default_home(environ, home=lambda: "/home/tfhpc") is None and environ == {"HOME": "/users/alice"}
+    environ = {}
+    assert hostenv.default_home(environ, home=lambda: None) is None and environ == {}  # a uid without passwd entry
+    assert hostenv.user_home() == pwd.getpwuid(os.getuid()).pw_dir

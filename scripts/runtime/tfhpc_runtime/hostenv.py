@@ -1,8 +1,9 @@
 """The image's environment against the host's: what a runtime lets in from the host (Apptainer, Charliecloud and
 enroot pass the caller's environment), and the bind model, a host MPI library used in place of the image's.
 
-Two jobs, one entry point (`prepare`), applied by tfhpc-entrypoint before any command of the image: every tfhpc-NAME
-command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's apps.
+The jobs below, one entry point (`prepare`; `default_home` for item 5), applied by tfhpc-entrypoint before any
+command of the image: every tfhpc-NAME command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's
+apps.
 
 1. Host install variables (OPAL_PREFIX and the other install-directory overrides of Open MPI, PMIx and PRRTE, and
    PYTHONHOME) describe the host's installation. Let in, they point the image's Open MPI at a directory that does not
@@ -32,9 +33,12 @@ command, `docker run IMAGE ...`, `apptainer run IMAGE.sif ...` and the SIF's app
    time limit. Measured with PyPI's MPICH 5 (UCX and OFI built in) starting Horovod on 2 Slurm 22.05 nodes: 3 of 4
    starts hung with UCX, 5 of 5 started with OFI. Its PMI-2 wire protocol (MPIR_CVAR_PMI_VERSION=2) failed in
    MPIR_pmi_init. MPI libraries without that variable (Intel MPI, Cray MPICH, Open MPI) ignore it.
+5. No HOME (`enroot start` without ENROOT_MOUNT_HOME passes /etc/environment's variables only): the user's home from
+   the image's passwd. Open MPI 5's mpirun stops without one ("Unable to get the user home directory", measured).
 """
 import glob
 import os
+import pwd
 from pathlib import Path
 
 
@@ -129,6 +133,25 @@ def _prepend_path(value, *entries):
     parts = [p for p in (value or "").split(":") if p]
     new = [str(e) for e in entries]
     return ":".join(new + [p for p in parts if p not in new])
+
+
+def user_home():
+    """The home directory of this process's user in the image's passwd, or None."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or None
+    except KeyError:
+        return None
+
+
+def default_home(environ=None, home=user_home):
+    """Item 5 of the module's docstring: HOME from passwd where the runtime set none; returns what it set, or None."""
+    environ = os.environ if environ is None else environ
+    if environ.get("HOME"):
+        return None
+    found = home()
+    if found:
+        environ["HOME"] = found
+    return found
 
 
 def prepare(environ, family=None):

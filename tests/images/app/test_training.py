@@ -595,7 +595,10 @@ def svg_texts(data):
 def test_sgd_lab_writes_trajectories_and_a_figure(host, image_layer, work):
     out = f"{work}/sgd"
     lab_command = python("sgd_lab.py", f"--out-dir {out} --width 800 --height 500")
-    reports = run_ranks(host, f"{HVD} --output-filename {out}/ranks {lab_command}", 2, output_dir=f"{out}/ranks")
+    # Each rank's output in its own file, written by horovodrun's Gloo launcher: with mpirun underneath, Open MPI
+    # 5.0.7's --output-filename loses ranks' output (docs/known-issues.md); the lab's values do not depend on the MPI.
+    reports = run_ranks(host, f"{HVD} --gloo --output-filename {out}/ranks {lab_command}", 2,
+                        output_dir=f"{out}/ranks")
     lab = reports[0]
     expected = ["1 worker, gradient descent", "1 worker, SGD batch 32", "1 worker, SGD batch 8",
                 "1 worker, SGD batch 1", "Horovod, 2 workers x batch 8", "before Horovod, rank 0 of 2",
@@ -749,7 +752,8 @@ def test_elastic_resumes_an_epoch_checkpoint_like_an_uninterrupted_run(host, ima
         assert report["losses"] == pytest.approx(full[0]["losses"][2:], rel=1e-4), "epoch 3 only"
         assert report["learning_rates"] == pytest.approx([0.1]), "--lr 0.05 scaled by 2 ranks"
         assert report["max_weight_difference_across_ranks"] == 0.0 and not report["failures"], report["failures"]
-    assert resumed[0]["initial_epoch"] == 2 and resumed[0]["checkpoints_written"] == ["epoch-0003"]
+        assert report["initial_epoch"] == 2, "rank 0's resume point, on every rank"
+    assert resumed[0]["checkpoints_written"] == ["epoch-0003"]
     assert resumed[1]["checkpoints_written"] == []
     difference = max_difference(host, full_weights, f"{work}/{name}-elastic.npz")
     print(f"{name} --elastic (keras {resumed[0]['keras']}): resumed from epoch 2 vs uninterrupted: "

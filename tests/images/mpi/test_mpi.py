@@ -110,7 +110,8 @@ def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
     if CONFIG.mpi == "openmpi":
         listed = host.check_output("ompi_info --param coll tuned --level 9")
         valid = re.search(r'coll_tuned_allreduce_algorithm".*?Valid values: ([^\n]*)', listed, re.S).group(1)
-        numbered = dict(re.findall(r'(\d+):"(\w+)"', valid))
+        # Open MPI 4.1 lists '0:"ignore", 1:"basic_linear", ...', Open MPI 5 '0|ignore, 1|basic_linear, ...'
+        numbered = dict(re.findall(r'(\d+)(?::"|\|)(\w+)', valid))
         for name, env in COLL_ALGORITHMS["openmpi"].items():
             if name != "default":
                 assert numbered[env["OMPI_MCA_coll_tuned_allreduce_algorithm"]] == name

@@ -61,8 +61,11 @@ def _strace_bundle(out: Path) -> Path:
     for name in STRACE_LIBS:
         shutil.copy(Path("/lib/x86_64-linux-gnu") / name, bundle / "lib" / name)
     shutil.copy("/lib64/ld-linux-x86-64.so.2", bundle / "ld.so")
-    (bundle / "run").write_text('#!/bin/sh\nd=$(dirname "$0")\nexec "$d/ld.so" --library-path "$d/lib" '
-                                '"$d/strace" "$@"\n')
+    # The image's LD_PRELOAD (its tcmalloc: docs/training.md, memory allocator) is for the traced program: strace,
+    # the host's build, would load the image's allocator against the host's libc (GLIBC_2.38 not found on a Debian 12
+    # host with a Debian 13 image); strace -E hands it to the traced program alone.
+    (bundle / "run").write_text('#!/bin/sh\nd=$(dirname "$0")\npreload=${LD_PRELOAD:+-E LD_PRELOAD=$LD_PRELOAD}\n'
+                                'exec env -u LD_PRELOAD "$d/ld.so" --library-path "$d/lib" "$d/strace" $preload "$@"\n')
     for path in bundle.rglob("*"):
         path.chmod(0o755)
     return bundle

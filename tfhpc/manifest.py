@@ -176,6 +176,18 @@ class Config:
         return upstream_version(self.mpi_spec["package_version"])
 
     @property
+    def mpis(self) -> list[str]:
+        """Every MPI this stack's OS builds this flavour with (versions.toml [os.<release>.mpi.*] and their
+        `flavors`): what MPI= can be beside this configuration's own."""
+        return sorted(name for name, spec in self.os["mpi"].items() if self.flavor in spec.get("flavors", [self.flavor]))
+
+    @property
+    def site_test_mpis(self) -> list[str]:
+        """The MPI flavours whose images and SIFs tests/sites runs with a site's MPI, beside the Open MPI stack's:
+        MPICH (host MPICH-ABI libraries) and, where this stack and flavour have it, the standard ABI."""
+        return [mpi for mpi in ("mpich", "abi") if mpi in self.mpis]
+
+    @property
     def mpi_wheel(self) -> str:
         """The PyPI wheel the mpi layer takes its MPI library from (MPI=abi), or "" for Debian's packages."""
         return self.mpi_spec.get("wheel", "")

@@ -12,10 +12,7 @@ OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
 def _abi_config():
     """The MPI=abi configuration of the same stack and flavour, or None where versions.toml has none (the
     conservative stack, the GPU flavour)."""
-    abi = CONFIG.os["mpi"].get("abi")
-    if abi is None or CONFIG.flavor not in abi.get("flavors", [CONFIG.flavor]):
-        return None
-    return MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi")
+    return MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi") if "abi" in CONFIG.site_test_mpis else None
 
 
 ABI_CONFIG = _abi_config()

@@ -148,3 +148,13 @@ def test_cpu_flavour_gets_no_gpu_arguments_or_patches(manifest):
 def test_stack_without_gpu_table_refuses_the_gpu_flavour_in_one_line(manifest):
     with pytest.raises(UserError, match=r"stack 'conservative' has no GPU flavour.*use STACK=latest with FLAVOR=gpu"):
         manifest.config("conservative", "gpu")
+
+
+
+def test_site_tests_take_the_standard_abi_stack_only_where_versions_toml_has_it(manifest):
+    """`make site-images` builds what `tfhpc site-mpis` prints: MPICH always; MPI=abi where the OS table of the stack
+    has [os.<release>.mpi.abi] and its `flavors` include the flavour (Debian 13's CPU images only)."""
+    assert manifest.config("latest", "cpu").site_test_mpis == ["mpich", "abi"]
+    assert manifest.config("latest", "cpu", "mpich").site_test_mpis == ["mpich", "abi"], "whatever MPI= says"
+    assert manifest.config("latest", "gpu").site_test_mpis == ["mpich"]
+    assert manifest.config("conservative", "cpu").site_test_mpis == ["mpich"]

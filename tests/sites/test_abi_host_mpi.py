@@ -1,9 +1,11 @@
 """The MPI=abi image (the MPI 5.0 standard ABI: its mpi4py and Horovod load libmpi_abi.so.1) with its own MPI and with
-a site's: PyPI's MPICH 5 and Intel MPI (versions.toml's [site_mpi] pins), two implementations whose
-libmpi_abi.so.1 the same binaries run on, each launched by its own hydra `mpiexec -n 2` with TFHPC_HOST_MPI=<prefix>:
+a site's: PyPI's MPICH 5 and Intel MPI, and Open MPI 6 (Debian sid's release candidate packages; versions.toml's
+[site_mpi] pins), three implementations whose libmpi_abi.so.1 the same binaries run on, each launched by its own
+launcher (hydra `mpiexec -n 2`; Open MPI 6's `prterun -n 2`) with TFHPC_HOST_MPI=<prefix>:
 
 - in Docker: `docker run -e TFHPC_HOST_MPI=P -v P:P:ro IMAGE P/bin/mpiexec -n 2 CMD`;
-- from the SIF: `P/bin/mpiexec -n 2 apptainer run -B P --env TFHPC_HOST_MPI=P IMAGE.sif CMD`;
+- from the SIF: `P/bin/mpiexec -n 2 apptainer run -B P --env TFHPC_HOST_MPI=P IMAGE.sif CMD` (the launcher finds
+  its own libraries by LD_LIBRARY_PATH=P/lib, as a site's module sets it);
 - the image's own MPI (the wheel's libmpi_abi.so.1 in /opt/venv/lib): `mpirun -np 2 CMD` in Docker and in the SIF.
 
 One run per case (module-scoped: the doctor, then Horovod's collectives); checked on every rank: the doctor names the
@@ -19,14 +21,19 @@ import subprocess
 
 import pytest
 
-from site_helpers import DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
+from site_helpers import ABI_CONFIG, DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
 from support.collectives import check_collectives
-from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers
+from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers, install_openmpi6
 
 IMAGE_LIBRARY = "/opt/venv/lib/libmpi_abi.so.1"
-# What each host MPI needs beside TFHPC_HOST_MPI here (see the docstring).
-HOST_ENVIRONMENT = {"mpich": {}, "impi-rt": {"I_MPI_FABRICS": "shm"}}
-CASES = [(mpi, where) for mpi in ("image", *sorted(HOST_MPIS)) for where in ("docker", "sif")]
+# The host MPIs of the standard ABI, with how MPI_Get_library_version begins in each.
+ABI_HOST_MPIS = {**HOST_MPIS, "openmpi6": "Open MPI v6."}
+# Each host MPI's launcher under its prefix, and what it needs beside TFHPC_HOST_MPI here (see the docstring;
+# PMIx 7 warns on every rank that its compression plugins, outside the prefix, are missing).
+LAUNCHERS = {"mpich": "bin/mpiexec -n 2", "impi-rt": "bin/mpiexec -n 2", "openmpi6": "bin/prterun -n 2"}
+HOST_ENVIRONMENT = {"mpich": {}, "impi-rt": {"I_MPI_FABRICS": "shm"},
+                    "openmpi6": {"PMIX_MCA_pcompress_base_silence_warning": "1"}}
+CASES = [(mpi, where) for mpi in ("image", *sorted(ABI_HOST_MPIS)) for where in ("docker", "sif")]
 
 
 def commands(launch):
@@ -48,26 +55,34 @@ def run_case(mpi, where, image, sif, helper, site_mpis):
         return helper(f"apptainer run {sif} bash -c {commands('mpirun -np 2')!r}", timeout=600)
     inside = in_containers(site_mpis[mpi])
     environment = {"TFHPC_HOST_MPI": inside, **HOST_ENVIRONMENT[mpi]}
+    launcher = f"{inside}/{LAUNCHERS[mpi]}"
     if where == "docker":
-        return docker_run(image, environment, ["bash", "-c", commands(f"{inside}/bin/mpiexec -n 2")])
+        return docker_run(image, environment, ["bash", "-c", commands(launcher)])
     env = ",".join(f"{k}={v}" for k, v in environment.items())
-    return helper(commands(f"{inside}/bin/mpiexec -n 2 apptainer run -B {MOUNT} --env {env} {sif}"), timeout=600)
+    outside = " ".join(f"{k}={v}" for k, v in {"LD_LIBRARY_PATH": f"{inside}/lib", **HOST_ENVIRONMENT[mpi]}.items())
+    return helper(commands(f"env {outside} {launcher} apptainer run -B {MOUNT} --env {env} {sif}"), timeout=600)
 
 
 @pytest.fixture(scope="module")
-def runs(abi_image, abi_sif, helper, site_mpis):
+def abi_site_mpis(site_mpis):
+    """site_mpis and Open MPI 6's prefix (built from Debian sid's packages on the MPI=abi image's OS root)."""
+    return {**site_mpis, "openmpi6": install_openmpi6(ABI_CONFIG)}
+
+
+@pytest.fixture(scope="module")
+def runs(abi_image, abi_sif, helper, abi_site_mpis):
     """{(mpi, where): (exit status, output)}, each case run once, on first use."""
     done = {}
 
     def get(mpi, where):
         if (mpi, where) not in done:
-            done[mpi, where] = run_case(mpi, where, abi_image, abi_sif, helper, site_mpis)
+            done[mpi, where] = run_case(mpi, where, abi_image, abi_sif, helper, abi_site_mpis)
         return done[mpi, where]
     return get
 
 
 @pytest.mark.parametrize("mpi, where", CASES)
-def test_the_doctor_names_the_library_each_rank_loaded(runs, site_mpis, mpi, where):
+def test_the_doctor_names_the_library_each_rank_loaded(runs, abi_site_mpis, mpi, where):
     rc, out = runs(mpi, where)
     assert rc == 0, out[-3000:]
     reports = doctor_reports(out)
@@ -81,10 +96,10 @@ def test_the_doctor_names_the_library_each_rank_loaded(runs, site_mpis, mpi, whe
             assert facts["version"].startswith("MPICH Version:"), facts
             assert library["detail"].startswith("the image's MPI"), library
         else:
-            prefix = in_containers(site_mpis[mpi])
+            prefix = in_containers(abi_site_mpis[mpi])
             assert facts["paths"] and all(p.startswith(prefix + "/") and p.endswith("/libmpi_abi.so.1")
                                           for p in facts["paths"]), facts
-            assert facts["version"].startswith(HOST_MPIS[mpi]), facts
+            assert facts["version"].startswith(ABI_HOST_MPIS[mpi]), facts
             assert library["detail"].startswith(f"host MPI from TFHPC_HOST_MPI={prefix}"), library
         assert facts["abi"] == "1.0" and library["detail"].endswith("(MPI standard ABI 1.0)"), library
         assert check(report, "launcher", "world size")["status"] == "ok"

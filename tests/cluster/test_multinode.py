@@ -121,5 +121,5 @@ def test_killed_node_ends_the_job_within_60_seconds_and_is_named(image_cluster):
         # ends the job within seconds, and then exits 0 in about half the runs (3 of 5 here; Open MPI 4.1.4 always
         # non-zero). PRRTE's errmgr rework (openpmix/prrte#2603) postdates Debian 13's 5.0.7. Remove when
         # [os.trixie] pins an Open MPI whose mpirun always exits non-zero here.
-        pytest.xfail("Open MPI 5.0.7's mpirun exited 0 after losing a node (docs/gpu.md: known issues)")
+        pytest.xfail("Open MPI 5.0.7's mpirun exited 0 after losing a node (docs/known-issues.md)")
     assert rc != 0, out

@@ -51,15 +51,15 @@ def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer
 
 
 @pytest.mark.skipif(CONFIG.mpi != "abi", reason="the MPI=abi images only: libmpi_abi.so.1 is the standard ABI's name")
-def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, image_layer):
+def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root_host, image_layer):
     """mpi4py and Horovod need libmpi_abi.so.1 (the MPI 5.0 ABI) and no library of another MPI ABI; no RPATH names
     /opt/venv/lib (Debian's ld writes DT_RPATH, searched before LD_LIBRARY_PATH): the image's library comes from the
     ld cache, and a directory first on LD_LIBRARY_PATH wins (what TFHPC_HOST_MPI does). The image holds the wheel's
     ABI parts only: no libmpi.so.12 (MPICH ABI), no headers, no compiler wrappers (containers/mpi/Dockerfile)."""
     cache = host.check_output("/sbin/ldconfig -p")
     assert re.search(r"libmpi_abi\.so\.1 .*=> /opt/venv/lib/libmpi_abi\.so\.1$", cache, re.M), cache
-    others = host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpich.so*' -o -name 'mpi.h' "
-                               "-o -name 'mpi_abi.h' -o -name 'mpicc*' \\) -print")
+    others = root_host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpich.so*' -o -name 'mpi.h' "
+                                    "-o -name 'mpi_abi.h' -o -name 'mpicc*' \\) -print")
     assert others == "", others
     modules = host.check_output("grep -rlaE --include='*.so*' 'libmpi_abi\\.so\\.1' /opt/venv/lib/python*").split()
     expected = ["/mpi4py/MPI."] + (["/horovod/tensorflow/mpi_lib"]

@@ -8,10 +8,11 @@ launcher (hydra `mpiexec -n 2`; Open MPI 6's `prterun -n 2`) with TFHPC_HOST_MPI
   its own libraries by LD_LIBRARY_PATH=P/lib, as a site's module sets it);
 - the image's own MPI (the wheel's libmpi_abi.so.1 in /opt/venv/lib): `mpirun -np 2 CMD` in Docker and in the SIF.
 
-One run per case (module-scoped: the doctor, then Horovod's collectives); checked on every rank: the doctor names the
-library the rank loaded (the host's by path under its prefix, with its MPI_Get_library_version; the image's as the
-image's), and Horovod's collectives are exact, float16 included (a user-defined op on a derived datatype: handles
-of the standard ABI, pointers, in Horovod's MPI path). Intel MPI runs over shared memory (I_MPI_FABRICS=shm): its
+One run per case (module-scoped: the doctor, Horovod's collectives, then a 2-rank Keras training); checked on every
+rank: the doctor names the library the rank loaded (the host's by path under its prefix, with its
+MPI_Get_library_version; the image's as the image's), Horovod's collectives are exact, float16 included (a
+user-defined op on a derived datatype: handles of the standard ABI, pointers, in Horovod's MPI path), and the
+training's loss falls with equal weights on both ranks. Intel MPI runs over shared memory (I_MPI_FABRICS=shm): its
 wheel has no libfabric and the MPI=abi image carries none outside the MPICH wheel's directory. Bad input: a prefix
 of another ABI, or of the standard ABI under an earlier soname, is refused in one line.
 """
@@ -22,7 +23,8 @@ import subprocess
 import pytest
 
 from site_helpers import ABI_CONFIG, DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
-from support.collectives import check_collectives
+from support.collectives import check_collective_reports
+from support.results import results
 from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers, install_openmpi6
 
 IMAGE_LIBRARY = "/opt/venv/lib/libmpi_abi.so.1"
@@ -36,9 +38,12 @@ HOST_ENVIRONMENT = {"mpich": {}, "impi-rt": {"I_MPI_FABRICS": "shm"},
 CASES = [(mpi, where) for mpi in ("image", *sorted(ABI_HOST_MPIS)) for where in ("docker", "sif")]
 
 
+TRAIN = "tfhpc-smoke-train --epochs 3"
+
+
 def commands(launch):
-    """The doctor, then the collectives, each under one launch (one PMI wire-up each)."""
-    return " && ".join(f"{launch} {command}" for command in ("tfhpc-doctor --json", SMOKE))
+    """The doctor, the collectives, then a 2-rank Keras training, each under one launch (one PMI wire-up each)."""
+    return " && ".join(f"{launch} {command}" for command in ("tfhpc-doctor --json", SMOKE, TRAIN))
 
 
 def docker_run(image, environment, command, timeout=600):
@@ -109,7 +114,20 @@ def test_the_doctor_names_the_library_each_rank_loaded(runs, abi_site_mpis, mpi,
 def test_horovod_collectives_are_exact(runs, mpi, where):
     rc, out = runs(mpi, where)
     assert rc == 0, out[-3000:]
-    check_collectives(out, 2, SIZES, DTYPES, controller="mpi")
+    collectives = [r for r in results(out) if "losses" not in r]  # beside the training's RESULT lines
+    assert [r["rank"] for r in collectives] == [0, 1], out[-3000:]
+    check_collective_reports(collectives, 2, SIZES, DTYPES, controller="mpi")
+
+
+@pytest.mark.parametrize("mpi, where", CASES)
+def test_two_rank_training_ends_with_equal_weights(runs, mpi, where):
+    rc, out = runs(mpi, where)
+    assert rc == 0, out[-3000:]
+    trained = [r for r in results(out) if "losses" in r]  # tfhpc-smoke-train's RESULT lines
+    assert [(r["rank"], r["size"]) for r in trained] == [(0, 2), (1, 2)], out[-3000:]
+    for report in trained:
+        assert report["max_weight_difference_across_ranks"] == 0.0, report
+        assert report["losses"][-1] < 0.5 * report["losses"][0], report["losses"]
 
 
 @pytest.fixture

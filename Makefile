@@ -5,7 +5,7 @@ SHELL := /bin/bash
 
 STACK ?=##         stack in versions.toml (latest | conservative; default: versions.toml's default_stack)
 FLAVOR ?=##        image flavour (cpu | gpu; default: versions.toml's default_flavor)
-MPI ?=##           MPI implementation (openmpi | mpich; default: versions.toml's default_mpi)
+MPI ?=##           MPI implementation (openmpi | mpich | abi: the MPI 5.0 standard ABI; default: versions.toml's default_mpi)
 ARCH ?=##          target architecture (amd64 | arm64, tagged -arm64; default: versions.toml's default_arch; docs/arm64.md)
 BASE_SOURCE ?= auto##  OS root image: registry | debootstrap | auto (registry if reachable, else debootstrap)
 CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disable; default: $PIP_CERT etc.)
@@ -78,8 +78,8 @@ show: venv ## print the resolved versions, build arguments and image names
 test: sif site-images ## build images and SIFs if needed, then run every test: tooling, each image (+ ancestors' tests), SIF, sites
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
-site-images: venv ## the MPICH stack's images and SIF, which tests/sites runs with host MPIs (MPICH, Intel MPI)
-	$(MAKE) sif MPI=mpich
+site-images: venv ## the MPICH stack's images and SIF, and the standard-ABI stack's (MPI=abi) where the stack has one: tests/sites runs them with host MPIs
+	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do $(MAKE) sif MPI=$$mpi || exit 1; done
 
 test-sites: sif site-images ## site tests only: host MPIs in the MPICH image (bind model), the Open MPI hybrid launch
 	$(PYTHON) -m pytest tests/sites $(PYTEST_ARGS)

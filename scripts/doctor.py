@@ -86,8 +86,8 @@ from mpi4py import MPI
 from tfhpc_runtime import mpilib
 view = mpilib.loaded_view(mpilib.mapped_files(open("/proc/self/maps").read()))
 version = MPI.Get_library_version().replace("\0", "").strip()
-print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": version, "origins": mpilib.origins(view["mpi"])}),
-      flush=True)
+print("DOCTOR-MPI " + json.dumps({"paths": view["mpi"], "version": version, "origins": mpilib.origins(view["mpi"]),
+                                  "abi": mpilib.abi_version(view["mpi"])}), flush=True)
 """
 # Where the image's PMIx library is (Debian 12: libpmix2's private directory; Debian 13: the multiarch directory).
 PMIX_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu/pmix2/lib/libpmix.so.2", "/usr/lib/*-linux-gnu/libpmix.so.2")
@@ -315,6 +315,8 @@ def check_mpi_library(report, mpi_library, probe):
     version = (mpi_library.get("version") or "").splitlines()[0].strip()
     report.facts["mpi_library"] = mpi_library
     detail = f"{', '.join(paths)}: {version}"
+    if mpi_library.get("abi"):
+        detail += f" (MPI standard ABI {mpi_library['abi']})"
     if prefix:
         root = os.path.realpath(prefix)
         libdir = os.environ.get(hostenv.LIBDIR_VARIABLE, "")

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     show = commands.add_parser("show", help="print the resolved configuration as JSON")
     _add_config_options(show)
 
+    site_mpis = commands.add_parser("site-mpis", help="print the MPIs (MPI=...) whose images and SIFs tests/sites "
+                                                      "needs for this stack and flavour (`make site-images`)")
+    _add_config_options(site_mpis)
+
     name = commands.add_parser("image-name", help="print the image name of a layer")
     _add_config_options(name)
     name.add_argument("--layer", default=None)
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"tag": config.tag, "platform": config.platform, "build_args": config.build_args(),
                               "images": {layer: config.image(layer) for layer in manifest.layers.names},
                               "components": config.component_versions()}, indent=2))
+        elif args.command == "site-mpis":
+            print(" ".join(config.site_test_mpis))
         elif args.command == "image-name":
             print(config.image(args.layer or manifest.layers.leaf))
         elif args.command == "sif":

@@ -30,7 +30,7 @@ DOCUMENTED_KEYS = {"base_environment": (list, str), "image": str, "workdir": str
                    "writable": bool, "mounts": list, "env": dict, "annotations": dict}
 DEFAULT_MOUNTS = ("${SCRATCH}:${SCRATCH}",)
 DEFAULT_WORKDIR = "${SCRATCH}"
-SRUN_MPI = {"openmpi": "pmix", "mpich": "pmi2"}
+SRUN_MPI = {"openmpi": "pmix", "mpich": "pmi2", "abi": "pmi2"}   # abi: PyPI MPICH 5 (PMI-1 wire over pmi2)
 # CSCS's Open MPI page: PMIx in Slurm's security domain, libfabric's CXI provider through the cm PML and ofi MTL.
 OPENMPI_ENV = {"PMIX_MCA_psec": "native", "FI_PROVIDER": "cxi", "OMPI_MCA_pml": "cm", "OMPI_MCA_mtl": "ofi"}
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}

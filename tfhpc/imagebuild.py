@@ -101,7 +101,7 @@ def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path |
     labels, extra_args = layer_inputs(config, layer)
     try:
         return build_image(config, REPO_ROOT / "containers" / layer / "Dockerfile", image, parent_image, ca_bundle,
-                           pip_index_url, labels, extra_args, shown_as=shown_as)
+                           pip_index_url, labels, extra_args, shown_as=shown_as, target=config.build_target(layer))
     except UserError:
         raise UserError(f"building layer '{layer}' failed (build log above); {shown_as or image} was left as it "
                         "was") from None

@@ -10,6 +10,7 @@ PyPI:
 |---|---|---|---|
 | mpi-build.txt | mpi builder | mpi4py's build requirements (its sdist's build backend's) | installed |
 | mpi.txt | mpi builder | the mpi4py sdist | `pip wheel --no-binary mpi4py` |
+| mpi-abi.txt | mpi (MPI=abi) | PyPI's MPICH wheel: the standard-ABI MPI library | installed (only its ABI parts kept) |
 | tensorflow.txt | tensorflow | TensorFlow, tf_keras, the GPU flavour's CUDA wheels, all they need | installed |
 | horovod.txt | horovod | the Horovod sdist (built in the builder), its run-time requirements | installed |
 | app.txt | app | TensorBoard, matplotlib and all they need | installed |
@@ -61,6 +62,9 @@ class LockSpec:
     bounds: tuple[str, ...] = ()                # versions.toml's lock_constraints (passed as a constraints file)
     no_deps: bool = False
     metadata_env: dict = field(default_factory=dict)  # environment under which sdists' metadata is built
+    # Resolved from nothing else and a constraint of no other lock (an MPI wheel): its header has a digest of its own
+    # inputs, so adding or bumping it leaves the other locks' bytes, and the images built from them, as they were.
+    own_digest: bool = False
 
 
 def lock_dir(config: Config) -> Path:
@@ -80,6 +84,24 @@ def lock_specs(config: Config) -> list[LockSpec]:
             # removes that requirement. Drop when tf_keras accepts tensorflow-cpu.
             overrides = ('tensorflow ; sys_platform == "never"',)
     tensorflow += [f"{name}=={version}" for name, version in sorted(config.gpu.get("wheels", {}).items())]
+    return [*_core_lock_specs(config, tensorflow, overrides), *mpi_wheel_lock_specs(config)]
+
+
+def mpi_wheel_lock_specs(config: Config) -> list[LockSpec]:
+    """mpi-<mpi>.txt for each MPI of the configuration's OS that comes from a PyPI wheel (versions.toml `wheel`: MPI=abi
+    takes the standard-ABI library of PyPI's MPICH) and has this flavour; one file per stack x flavour, whichever MPI
+    the image has, as the other locks."""
+    specs = []
+    for mpi, spec in sorted(config.os.get("mpi", {}).items()):
+        if spec.get("wheel") and config.flavor in spec.get("flavors", [config.flavor]):
+            specs.append(LockSpec(f"mpi-{mpi}", "mpi", f"the {spec['wheel']} wheel that MPI={mpi}'s mpi layer takes its MPI "
+                                  "library from", requirements=(f"{spec['wheel']}=={spec['package_version']}",),
+                                  no_deps=True, own_digest=True))
+    return specs
+
+
+def _core_lock_specs(config: Config, tensorflow: list[str], overrides: tuple[str, ...]) -> list[LockSpec]:
+    v = config.versions
     return [
         LockSpec("mpi-build", "mpi", "mpi4py's build requirements, installed in the mpi builder stage",
                  build_requirements_of=f"mpi4py=={v['mpi4py']}"),
@@ -101,19 +123,21 @@ def lock_specs(config: Config) -> list[LockSpec]:
     ]
 
 
-def inputs_digest(config: Config) -> str:
+def inputs_digest(config: Config, spec: LockSpec | None = None) -> str:
     """sha256 of everything versions.toml gives the locks of `config`'s stack x flavour: requirements, Python
-    version and platform, how each is resolved. Offline: the drift check."""
+    version and platform, how each is resolved. Offline: the drift check. A lock with `own_digest` (`spec`) has the
+    digest of its own inputs only."""
+    specs = [spec] if spec is not None and spec.own_digest else [s for s in lock_specs(config) if not s.own_digest]
     inputs = {"python": config.os["python"], "platform": config.python_platform,
-              "locks": [{k: v for k, v in asdict(spec).items() if k != "summary"} for spec in lock_specs(config)]}
+              "locks": [{k: v for k, v in asdict(s).items() if k not in ("summary", "own_digest")} for s in specs]}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def stale_locks(config: Config) -> list[str]:
     """The locks of `config` that are missing or were made from other inputs than versions.toml's (no network)."""
-    digest = inputs_digest(config)
     stale = []
     for spec in lock_specs(config):
+        digest = inputs_digest(config, spec)
         path = lock_dir(config) / f"{spec.name}.txt"
         recorded = ""
         if path.is_file():
@@ -139,7 +163,7 @@ def header(config: Config, spec: LockSpec) -> str:
             f"# {config.stack} stack, {config.flavor} flavour{config.arch_suffix and f', {config.arch}'}: "
             f"{spec.summary}.\n"
             f"# Python {config.os['python']} on {config.python_platform}; constraints: {constraints}.\n"
-            f"{INPUTS_PREFIX} {inputs_digest(config)}\n")
+            f"{INPUTS_PREFIX} {inputs_digest(config, spec)}\n")
 
 
 def _uv() -> Path:

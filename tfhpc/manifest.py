@@ -5,6 +5,7 @@ labels, the Makefile (through the CLI) and the tests.
 """
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,41 @@ class Config:
         return f"{IMAGE_PREFIX}-{layer}:{self.tag}"
 
     @property
+    def mpi_spec(self) -> dict:
+        """The MPI's table in versions.toml ([os.<release>.mpi.<mpi>])."""
+        return self.os["mpi"][self.mpi]
+
+    @property
+    def mpi_version(self) -> str:
+        """The MPI's upstream version: of its Debian packages, or of the PyPI wheel the standard-ABI MPI comes from."""
+        return upstream_version(self.mpi_spec["package_version"])
+
+    @property
+    def mpis(self) -> list[str]:
+        """Every MPI this stack's OS builds this flavour with (versions.toml [os.<release>.mpi.*] and their
+        `flavors`): what MPI= can be beside this configuration's own."""
+        return sorted(name for name, spec in self.os["mpi"].items() if self.flavor in spec.get("flavors", [self.flavor]))
+
+    @property
+    def site_test_mpis(self) -> list[str]:
+        """The MPI flavours whose images and SIFs tests/sites runs with a site's MPI, beside the Open MPI stack's:
+        MPICH (host MPICH-ABI libraries) and, where this stack and flavour have it, the standard ABI."""
+        return [mpi for mpi in ("mpich", "abi") if mpi in self.mpis]
+
+    @property
+    def mpi_wheel(self) -> str:
+        """The PyPI wheel the mpi layer takes its MPI library from (MPI=abi), or "" for Debian's packages."""
+        return self.mpi_spec.get("wheel", "")
+
+    def build_target(self, layer: str) -> str | None:
+        """The stage of containers/<layer>/Dockerfile that this configuration builds: a stage named after the MPI
+        (`FROM ... AS abi`), else None (the last stage). MPI=abi's mpi layer is a stage of its own, so that the Debian
+        MPIs' stages, and their image ids, stay as they were."""
+        dockerfile = (REPO_ROOT / "containers" / layer / "Dockerfile").read_text()
+        return self.mpi if re.search(rf"^FROM\s+\S+\s+AS\s+{re.escape(self.mpi)}\s*$", dockerfile,
+                                     re.MULTILINE | re.IGNORECASE) else None
+
+    @property
     def locks(self) -> str:
         """The directory of this stack x flavour's lock files (tfhpc/lock.py), relative to the checkout; the MPI
         choice changes no Python package."""
@@ -224,7 +260,7 @@ class Config:
         versions = {
             "os": f"{self.os['distro']} {self.os['version_id']} ({self.os_release})",
             "python": self.os["python"],
-            "mpi": f"{self.mpi} {upstream_version(self.os['mpi'][self.mpi]['package_version'])}",
+            "mpi": f"{self.mpi} {self.mpi_wheel + ' ' if self.mpi_wheel else ''}{self.mpi_version}",
         }
         versions.update({k: v for k, v in self.versions.items() if k not in INSTALLED_BY or INSTALLED_BY[k] in chain})
         for component in ("cuda", "cudnn", "nccl"):
@@ -315,10 +351,15 @@ class Manifest:
         if os_release not in self.data.get("os", {}):
             raise UserError(f"{self.path}: stack '{stack}' names os '{os_release}', which has no [os.{os_release}] table")
         mpi = _choose("MPI", mpi or self.data["default_mpi"], self.mpis(os_release))
+        mpi_flavors = self.data["os"][os_release]["mpi"][mpi].get("flavors")
+        if mpi_flavors and flavor not in mpi_flavors:
+            raise UserError(f"MPI={mpi} has no {flavor} flavour yet (versions.toml [os.{os_release}.mpi.{mpi}] "
+                            f"flavors): use FLAVOR={' or FLAVOR='.join(mpi_flavors)}, or another MPI")
         for key in ("tensorflow", "horovod", "mpi4py", "tensorboard", "matplotlib"):
             if not spec.get(key):
                 raise UserError(f"{self.path}: stack '{stack}' has no '{key}' version: add it")
         patches = tuple(spec.get("horovod_patches", ())) + (tuple(spec.get("horovod_gpu_patches", ())) if gpu else ())
+        patches += tuple(spec.get(f"horovod_{mpi}_patches", ()))
         keras_patches = tuple(spec.get("keras_patches", ()))
         for patch_dir, listed in ((HOROVOD_PATCH_DIR, patches), (KERAS_PATCH_DIR, keras_patches)):
             for patch in listed:

@@ -28,7 +28,9 @@ WORKDIR, ENTRYPOINT/CMD. What spython drops or gets wrong for these Dockerfiles 
 - ARG without a default is skipped (singularity-cli issue 73): every ARG becomes an Apptainer build argument
   (`{{ NAME }}` in the text, its value in the arguments file or %arguments as above), so `apptainer build
   --build-arg` overrides it.
-- a second FROM without `AS` is merged into the previous stage: each FROM starts its own stage here.
+- a second FROM without `AS` is merged into the previous stage: each FROM starts its own stage here. Only the last
+  stage and those it takes files from are rendered: a configuration built to a stage of its own (MPI=abi, whose mpi
+  layer is the `abi` stage) has no native recipe yet.
 - RUN --mount is passed through as text: secret and cache mounts are removed (the CA bundle and the pip index come
   from the %setup section below instead), a bind mount from a stage becomes `%files from <stage>` and is deleted at
   the end of that RUN, so it stays out of the SIF as it stays out of the Docker layer.
@@ -169,7 +171,18 @@ def split_stages(dockerfile: Path, build_args: Collection[str]) -> tuple[list[st
         stage.lines.extend(instruction.splitlines())
     for stage in stages:
         stage.arguments = arguments
-    return leading, stages
+    return leading, used_stages(stages)
+
+
+def used_stages(stages: list[Stage]) -> list[Stage]:
+    """The last stage and the stages it takes files from, directly or through another (RUN --mount=type=bind,from=,
+    COPY --from=): what `docker build` without --target builds. A stage another configuration builds as its target
+    (MPI=abi's `abi` in containers/mpi/Dockerfile) is left out."""
+    needed = {stages[-1].name}
+    for stage in reversed(stages):
+        if stage.name in needed:
+            needed |= {source for source, _, _ in stage.binds} | {source for source, _, _ in stage.copies}
+    return [stage for stage in stages if stage.name in needed]
 
 
 def parse_stage(stage: Stage):
@@ -225,7 +238,13 @@ def configurations(manifest: Manifest) -> Iterator[Config]:
             if flavor == "gpu" and not manifest.data["stacks"][stack].get("gpu"):
                 continue  # this stack has no GPU flavour (no [stacks.<stack>.gpu] pins)
             for mpi in manifest.mpis(manifest.config(stack, flavor, None).os_release):
-                yield manifest.config(stack, flavor, mpi)
+                try:
+                    config = manifest.config(stack, flavor, mpi)
+                except UserError:
+                    continue  # an MPI without this flavour (versions.toml: its `flavors`)
+                if any(config.build_target(layer) for layer in manifest.layers.names):
+                    continue  # built to a stage of its own (MPI=abi): the recipes follow each Dockerfile's last stage
+                yield config
 
 
 def _values(config: Config) -> dict[str, str]:

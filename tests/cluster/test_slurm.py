@@ -154,20 +154,23 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
     assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out
 
 
-def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
-    """The Cray-style bind model: srun --mpi=pmi2 starts the MPICH image's ranks on PyPI's MPICH 5 (the host MPI):
-    each rank loaded the host library (the doctor), MPI and Horovod wired up as one world of 2 across the nodes, the
-    collectives are exact and 2-rank Keras training ends with equal weights on both ranks. The image gives MPICH the
-    OFI network module under srun --mpi=pmi2 (tfhpc_runtime/hostenv.py): with UCX, Slurm's pmi2 plugin misparsed
-    MPICH's long PMI-1 requests and MPI_Init hung in 3 of 4 Horovod starts."""
-    mpich = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich"), LEAF)
-    if not mpich.is_file():
-        pytest.fail(f"{mpich} is missing: run `make site-images` first")
+@pytest.mark.parametrize("image_mpi", CONFIG.site_test_mpis)
+def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster, image_mpi):
+    """The Cray-style bind model: srun --mpi=pmi2 starts the ranks of the MPICH image (its libmpi.so.12 replaced) and
+    of the standard-ABI image (MPI=abi, its libmpi_abi.so.1 replaced), where the stack has one, on PyPI's MPICH 5 (the
+    host MPI, which ships both libraries): each rank loaded the host library (the doctor), MPI and Horovod wired up
+    as one world of 2 across the nodes, the collectives are exact and 2-rank Keras training ends with equal weights
+    on both ranks. The image gives MPICH the OFI network module under srun --mpi=pmi2 (tfhpc_runtime/hostenv.py):
+    with UCX, Slurm's pmi2 plugin misparsed MPICH's long PMI-1 requests and MPI_Init hung in 3 of 4 Horovod starts."""
+    image_sif = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, image_mpi), LEAF)
+    if not image_sif.is_file():
+        pytest.fail(f"{image_sif} is missing: run `make site-images` first")
     prefix = in_containers(install_site_mpi("mpich"))
+    library = {"mpich": "libmpi.so.12", "abi": "libmpi_abi.so.1"}[image_mpi]
 
     def host_mpi_job(command):
         # --time: a rank that waits for ever in MPI_Init ends with the job instead of the test's timeout.
-        return sbatch(slurm_cluster, f"/sif/{mpich.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
+        return sbatch(slurm_cluster, f"/sif/{image_sif.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
                       environment=f"TFHPC_HOST_MPI={prefix}")
 
     # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
@@ -177,7 +180,9 @@ def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster):
     reports = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in reports) == [0, 1] and {r["host"] for r in reports} == set(NODES), output
     for report in reports:
-        assert all(p.startswith(prefix + "/") for p in report["facts"]["mpi_library"]["paths"]), report["facts"]
+        assert report["facts"]["mpi_library"]["paths"] and all(
+            p.startswith(prefix + "/") and p.endswith(f"/{library}") for p in report["facts"]["mpi_library"]["paths"]
+        ), report["facts"]
         assert report["facts"]["mpi_library"]["version"].startswith("MPICH Version:"), report["facts"]
         (world,) = [c for c in report["checks"] if c["section"] == "launcher" and c["name"] == "world size"]
         assert world["status"] == "ok" and "horovod 2, mpi 2" in world["detail"], world

@@ -55,6 +55,17 @@ def root_host(container):
     return testinfra_host(container, "root")
 
 
+def undecided_single_copy(image_layer):
+    """What a multi-rank command on `image_layer` needs in front: the app image decides single-copy transfers (CMA)
+    at run time (tfhpc_runtime/singlecopy.py); the layers below it leave Open MPI's safe parameter file
+    (containers/mpi/Dockerfile) but MPICH's default, CMA, which Docker's seccomp profile refuses
+    ("process_vm_readv failed (errno 1)" in PyPI MPICH 5's first large allreduce). There the command gets the
+    setting the app image's decision gives in Docker."""
+    if image_layer in MANIFEST.layers.descendants("app") or CONFIG.mpi == "openmpi":
+        return ""
+    return "env MPIR_CVAR_CH4_CMA_ENABLE=0 "
+
+
 def run_ranks(host, command, ranks=2, output_dir=None):
     """Run a multi-rank command; return the parsed RESULT lines, one per rank, sorted by rank.
 

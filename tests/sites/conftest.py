@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from site_helpers import MPICH_CONFIG, OPENMPI_CONFIG
+from site_helpers import ABI_CONFIG, MPICH_CONFIG, OPENMPI_CONFIG
 from support.markers import mark_directory
 from support.site_mpi import MOUNT, SITE_MPI_DIR, install_site_mpi
 from support.stack import CONFIG, LEAF, MANIFEST
@@ -48,16 +48,34 @@ def openmpi_sif():
     return _sif(OPENMPI_CONFIG)
 
 
-@pytest.fixture(scope="session")
-def mpich_image():
+def _image(config):
     from tfhpc.dockerhost import client
     import docker.errors
-    name = MPICH_CONFIG.image(LEAF)
+    name = config.image(LEAF)
     try:
         client().images.get(name)
     except docker.errors.ImageNotFound:
         pytest.fail(f"{name} is missing: run `make site-images` first")
     return name
+
+
+@pytest.fixture(scope="session")
+def mpich_image():
+    return _image(MPICH_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def abi_image():
+    if ABI_CONFIG is None:
+        pytest.skip(f"{CONFIG.tag}'s stack and flavour have no MPI=abi image (versions.toml)")
+    return _image(ABI_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def abi_sif():
+    if ABI_CONFIG is None:
+        pytest.skip(f"{CONFIG.tag}'s stack and flavour have no MPI=abi image (versions.toml)")
+    return _sif(ABI_CONFIG)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,15 @@ from support.stack import CONFIG, MANIFEST
 
 MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
 OPENMPI_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "openmpi")
+
+
+def _abi_config():
+    """The MPI=abi configuration of the same stack and flavour, or None where versions.toml has none (the
+    conservative stack, the GPU flavour)."""
+    return MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi") if "abi" in CONFIG.site_test_mpis else None
+
+
+ABI_CONFIG = _abi_config()
 LEAF = MANIFEST.layers.leaf
 
 

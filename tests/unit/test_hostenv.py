@@ -97,9 +97,25 @@ def test_openmpi_image_takes_a_host_open_mpi_and_its_prefix(tmp_path):
     assert environ["OPAL_PREFIX"] == str(tmp_path / "ompi5")
 
 
+@pytest.mark.parametrize("name, sub", [("impi", "lib"), ("ompi6", "lib/x86_64-linux-gnu")])
+def test_abi_image_takes_any_host_library_of_the_standard_abi(tmp_path, name, sub):
+    """The MPI=abi image's mpi4py and Horovod load libmpi_abi.so.1 (MPI 5.0 ABI): Intel MPI's lib/ (beside its
+    libmpi.so.12), Open MPI 6's multiarch directory; nothing else is set (no OPAL_PREFIX)."""
+    libdir = fake_mpi(tmp_path / name, "libmpi.so.12", "libmpi_abi.so.1", sub=sub)
+    environ = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / name)}
+    changes = hostenv.apply(environ, family="abi")
+    assert environ["LD_LIBRARY_PATH"] == str(libdir) and changes[hostenv.LIBDIR_VARIABLE] == str(libdir)
+    assert "OPAL_PREFIX" not in environ
+
+
 @pytest.mark.parametrize("family, present, words", [
     ("mpich", "libmpi.so.40", ["Open MPI", "libmpi.so.40", "MPI=openmpi", "libmpi.so.12"]),
     ("openmpi", "libmpi.so.12", ["MPICH ABI", "MPI=mpich"]),
+    ("abi", "libmpi.so.12", ["MPICH ABI", "MPI=mpich", "libmpi_abi.so.1", "standard ABI"]),
+    ("abi", "libmpi.so.40", ["Open MPI", "MPI=openmpi", "libmpi_abi.so.1"]),
+    ("mpich", "libmpi_abi.so.1", ["standard ABI", "MPI=abi", "libmpi.so.12"]),
+    ("abi", "libmpi_abi.so.0", ["libmpi_abi.so.0", "MPICH 5.0.0 or 5.0.1", "libmpi_abi.so.1", "MPICH 5.0 after 5.0.1"]),
+    ("abi", "libmpi_abi.so.12", ["libmpi_abi.so.12", "MPICH 4.3", "libmpi_abi.so.1"]),
 ])
 def test_a_library_of_the_other_abi_is_refused_in_one_line(tmp_path, family, present, words):
     fake_mpi(tmp_path / "host", present, sub="lib64")
@@ -128,6 +144,9 @@ def test_image_family_from_its_variable_or_the_library_it_carries(tmp_path):
     assert hostenv.image_mpi_family([f"{tmp_path}/usr/lib/*-linux-gnu"], environ={}) == "mpich"
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={}) is None
     assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={"TFHPC_MPI": "openmpi"}) == "openmpi"
+    assert hostenv.image_mpi_family([f"{tmp_path}/nothing"], environ={"TFHPC_MPI": "abi"}) == "abi"
+    fake_mpi(tmp_path / "opt" / "venv", "libmpi_abi.so.1")
+    assert hostenv.image_mpi_family([f"{tmp_path}/opt/venv/lib"], environ={}) == "abi"
 
 
 # ------------------------------------------------------------------------------------------------------------------ #

@@ -113,7 +113,20 @@ def test_an_edited_pin_makes_the_locks_stale(tmp_path):
     config = Manifest().config()
     edited = changed_config(tmp_path, f'mpi4py = "{config.versions["mpi4py"]}"', 'mpi4py = "0.0.1"')
     assert inputs_digest(edited) != inputs_digest(config)
-    assert len(stale_locks(edited)) == len(lock_specs(edited))
+    assert len(stale_locks(edited)) == len([spec for spec in lock_specs(edited) if not spec.own_digest])
+
+
+def test_an_mpi_wheel_lock_has_a_digest_of_its_own(tmp_path):
+    """MPI=abi's MPICH wheel (mpi-abi.txt) is resolved from nothing else and constrains no other lock: a new or bumped
+    pin makes that lock stale alone, so the other locks keep their bytes, and the images built from them their ids."""
+    config = Manifest().config("latest")
+    assert [spec.name for spec in lock_specs(config) if spec.own_digest] == ["mpi-abi"]
+    version = config.os["mpi"]["abi"]["package_version"]
+    edited = changed_config(tmp_path, f'wheel = "mpich"\npackage_version = "{version}"',
+                            'wheel = "mpich"\npackage_version = "0.0.1"')
+    edited = Manifest(tmp_path / "versions.toml").config("latest")
+    assert stale_locks(edited) == [f"{config.locks}/mpi-abi.txt"]
+    assert "mpich==0.0.1" in [r for spec in lock_specs(edited) for r in spec.requirements]
 
 
 def test_out_of_date_lock_stops_make_image_before_any_build(tmp_path, monkeypatch):

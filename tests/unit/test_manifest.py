@@ -72,7 +72,7 @@ def test_app_layer_packages_are_pinned_per_stack_and_labelled_from_the_app_layer
 @pytest.mark.parametrize("kwargs, message", [
     ({"stack": "newest"}, "unknown STACK 'newest': valid values are conservative, latest"),
     ({"flavor": "tpu"}, "unknown FLAVOR 'tpu': valid values are"),
-    ({"mpi": "mvapich"}, "unknown MPI 'mvapich': valid values are mpich, openmpi"),
+    ({"mpi": "mvapich"}, "unknown MPI 'mvapich': valid values are abi, mpich, openmpi"),
 ])
 def test_unknown_values_list_the_valid_ones(manifest, kwargs, message):
     with pytest.raises(UserError, match=message):
@@ -148,3 +148,13 @@ def test_cpu_flavour_gets_no_gpu_arguments_or_patches(manifest):
 def test_stack_without_gpu_table_refuses_the_gpu_flavour_in_one_line(manifest):
     with pytest.raises(UserError, match=r"stack 'conservative' has no GPU flavour.*use STACK=latest with FLAVOR=gpu"):
         manifest.config("conservative", "gpu")
+
+
+
+def test_site_tests_take_the_standard_abi_stack_only_where_versions_toml_has_it(manifest):
+    """`make site-images` builds what `tfhpc site-mpis` prints: MPICH always; MPI=abi where the OS table of the stack
+    has [os.<release>.mpi.abi] and its `flavors` include the flavour (Debian 13's CPU images only)."""
+    assert manifest.config("latest", "cpu").site_test_mpis == ["mpich", "abi"]
+    assert manifest.config("latest", "cpu", "mpich").site_test_mpis == ["mpich", "abi"], "whatever MPI= says"
+    assert manifest.config("latest", "gpu").site_test_mpis == ["mpich"]
+    assert manifest.config("conservative", "cpu").site_test_mpis == ["mpich"]

@@ -60,6 +60,10 @@ def test_the_images_library_and_one_from_ld_library_path_are_told_apart():
     assert mpilib.library_origin("/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0", mounts) == (
         "image", "/usr/lib/x86_64-linux-gnu/libmpich.so.12.3.0")
     assert mpilib.library_origin("/opt/site-mpi/mpich-9.1/lib/libmpi.so.12", mounts)[0] == "elsewhere"
+    # the MPI=abi image's own library is the wheel's, in the venv
+    assert mpilib.library_origin("/opt/venv/lib/libmpi_abi.so.1", mounts)[0] == "image"
+    assert mpilib.library_origin("/opt/site-mpi/impi-rt-9/lib/libmpi_abi.so.1", mounts)[0] == "elsewhere"
+    assert mpilib.loaded_view(["/opt/venv/lib/libmpi_abi.so.1"])["mpi"] == ["/opt/venv/lib/libmpi_abi.so.1"]
 
 
 def test_origins_reads_this_process_mounts(tmp_path):
@@ -94,3 +98,11 @@ def test_provider_directories_are_scanned(tmp_path):
     assert fabric.scan_provider_dirs(dirs) == ["cxi", "efa"]
     result = fabric.providers(str(tmp_path / "lib" / "libfabric.so.1"), environ={"PATH": str(tmp_path)})
     assert result["providers"] == ["cxi", "efa"] and result["source"].startswith("provider libraries in")
+
+
+def test_abi_version_only_for_a_standard_abi_library():
+    """MPI_Abi_get_version is asked of libmpi_abi.so.* only (an MPICH-ABI library may export it too); a library that
+    cannot be opened gives None, never an error in the doctor's probe. Its value is checked on the images
+    (tests/sites/test_abi_host_mpi.py)."""
+    assert mpilib.abi_version(["/usr/lib/x86_64-linux-gnu/libmpi.so.12"]) is None
+    assert mpilib.abi_version(["/nonexistent/lib/libmpi_abi.so.1"]) is None

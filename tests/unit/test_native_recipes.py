@@ -136,6 +136,11 @@ def docker_run_commands(layer, args):
     default), whitespace collapsed."""
     text = (REPO_ROOT / "containers" / layer / "Dockerfile").read_text().replace("\\\n", " ")
     args = {**dict(re.findall(r"^ARG (\w+)=(\S*)$", text, re.M)), **args}
+    # the stages `docker build` builds without --target (tfhpc/recipes.py used_stages); unnamed ones are "final"
+    used = {stage.name for stage in split_stages(REPO_ROOT / "containers" / layer / "Dockerfile", args)[1]}
+    chunks = re.split(r"^(FROM .*)$", text, flags=re.M)[1:]
+    text = "".join(body for from_line, body in zip(chunks[::2], chunks[1::2])
+                   if (re.findall(r"\bAS (\S+)", from_line) or ["final"])[0] in used)
     for run in re.findall(r"^RUN (.*)$", text, re.M):
         run = re.sub(r"--mount=\S+\s*", "", run)
         yield " ".join(re.sub(r"\$\{(\w+)\}|\$(\w+)\b", lambda m: args.get(m[1] or m[2], m[0]), run).split())

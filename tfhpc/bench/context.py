@@ -167,6 +167,7 @@ RANK_OUTPUT = {
     "openmpi": ("--output-filename {dir}", "1/rank.{rank}/{stream}"),
     "mpich": ("-outfile-pattern {dir}/rank.%r.stdout -errfile-pattern {dir}/rank.%r.stderr", "rank.{rank}.{stream}"),
 }
+RANK_OUTPUT["abi"] = RANK_OUTPUT["mpich"]   # MPI=abi: PyPI MPICH's hydra
 
 
 def host_mpirun(mpi: str, ranks: int, command: str, env: dict) -> str:

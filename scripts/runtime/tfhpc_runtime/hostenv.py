@@ -15,9 +15,11 @@ apps.
    `apptainer exec --env NAME=value` overrides.
 2. TFHPC_HOST_MPI=<prefix> (a directory the runtime mounts into the container) puts that MPI's library first on
    LD_LIBRARY_PATH, after checking that it has the image's ABI: MPICH images need `libmpi.so.12` (the MPICH ABI:
-   MPICH, Intel MPI, Cray MPICH, MVAPICH), Open MPI images `libmpi.so.40`. The MPICH images' mpi4py and Horovod
-   load their MPI by that name (containers/mpi/Dockerfile: mpi-relink), so the host's directory first is all it
-   takes, as with a site's own MPI hook. In that mode host install variables are kept (they are the host MPI's), and
+   MPICH, Intel MPI, Cray MPICH, MVAPICH), Open MPI images `libmpi.so.40`, the MPI=abi images `libmpi_abi.so.1`
+   (the MPI 5.0 standard ABI: MPICH 5.0 after 5.0.1, Intel MPI >= 2021.19, Open MPI >= 6.0; an earlier soname of it,
+   MPICH 4.3's libmpi_abi.so.12 or 5.0.0/5.0.1's libmpi_abi.so.0, is refused by name). The images' mpi4py and
+   Horovod load their MPI by that name (containers/mpi/Dockerfile: mpi-relink, mpi-abi-relink), so the host's
+   directory first is all it takes, as with a site's own MPI hook. In that mode host install variables are kept (they are the host MPI's), and
    OPAL_PREFIX defaults to the prefix for an Open MPI. A prefix that is missing or of the wrong ABI is one line
    (HostMPIError) and a non-zero exit, never the image's MPI kept silently.
 3. TFHPC_HOST_LIBS=<dir>[:<dir>...]: host library directories put next on LD_LIBRARY_PATH (after the host MPI's, if
@@ -55,11 +57,17 @@ _INSTALL_DIRS = ("PREFIX", "EXEC_PREFIX", "BINDIR", "LIBDIR", "DATADIR", "SYSCON
 HOST_INSTALL_VARIABLES = (*(f"{family}_{name}" for family in ("OPAL", "PMIX", "PRTE") for name in _INSTALL_DIRS),
                           "PMIX_INSTALL_PREFIX", "PYTHONHOME")
 
-# The MPI library sonames of the two ABI families, which the images' bindings (mpi4py, Horovod) also load.
-ABI_SONAMES = {"mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
-FAMILY_NAMES = {"mpich": "the MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
+# The MPI library sonames of the ABI families, which the images' bindings (mpi4py, Horovod) also load; "abi" is the
+# MPI 5.0 standard ABI of the MPI=abi images.
+ABI_SONAMES = {"abi": "libmpi_abi.so.1", "mpich": "libmpi.so.12", "openmpi": "libmpi.so.40"}
+FAMILY_NAMES = {"abi": "the MPI 5.0 standard ABI (MPICH 5.0 after 5.0.1, Intel MPI >= 2021.19, Open MPI >= 6.0)",
+                "mpich": "the MPICH ABI (MPICH, Intel MPI, Cray MPICH, MVAPICH)", "openmpi": "Open MPI (4.x, 5.x)"}
+# Standard-ABI libraries under sonames that came before the MPI 5.0 ABI's libmpi_abi.so.1 (pmodels/mpich#7337,
+# #7928): the same header, another name, which this image's mpi4py and Horovod do not load.
+EARLIER_ABI_SONAMES = {"libmpi_abi.so.0": "MPICH 5.0.0 or 5.0.1", "libmpi_abi.so.12": "MPICH 4.3"}
 LIBRARY_SUBDIRS = ("lib", "lib64", "lib/release", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu")
-SYSTEM_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/*-linux-gnu")
+# Where the images carry their MPI library: the system's directories, and the MPI=abi image's wheel (/opt/venv/lib).
+SYSTEM_LIBRARY_GLOBS = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/*-linux-gnu", "/opt/venv/lib")
 
 
 class HostMPIError(Exception):
@@ -67,11 +75,11 @@ class HostMPIError(Exception):
 
 
 def image_mpi_family(system_dirs=SYSTEM_LIBRARY_GLOBS, environ=os.environ):
-    """'mpich' or 'openmpi': which MPI the image's bindings link (TFHPC_MPI, which the mpi layer sets, else the
-    library the image carries), or None."""
+    """'abi', 'mpich' or 'openmpi': which MPI the image's bindings link (TFHPC_MPI, which the mpi layer sets, else
+    the library the image carries), or None."""
     if environ.get("TFHPC_MPI") in ABI_SONAMES:
         return environ["TFHPC_MPI"]
-    for family in ("mpich", "openmpi"):
+    for family in ("abi", "mpich", "openmpi"):
         for pattern in system_dirs:
             if any(Path(d, ABI_SONAMES[family]).exists() for d in glob.glob(pattern)):
                 return family
@@ -96,7 +104,7 @@ def host_library_dir(prefix, family):
     root = Path(prefix)
     variable = f"{HOST_MPI_VARIABLE}={prefix}"
     wanted = ABI_SONAMES[family]
-    found_other = None
+    found_other = earlier = None
     for sub in LIBRARY_SUBDIRS:
         directory = root / sub
         if (directory / wanted).exists():
@@ -104,6 +112,14 @@ def host_library_dir(prefix, family):
         for other, soname in ABI_SONAMES.items():
             if other != family and found_other is None and (directory / soname).exists():
                 found_other = (other, directory / soname)
+        for soname in EARLIER_ABI_SONAMES:
+            if family == "abi" and earlier is None and (directory / soname).exists():
+                earlier = directory / soname
+    if earlier:
+        raise HostMPIError(f"{variable} has {earlier}, the standard ABI under the soname of "
+                           f"{EARLIER_ABI_SONAMES[earlier.name]}, but this image's mpi4py and Horovod load {wanted}, "
+                           f"the MPI 5.0 ABI's: use an MPI that ships {wanted} (MPICH 5.0 after 5.0.1, Intel MPI >= "
+                           "2021.19, Open MPI >= 6.0)")
     if found_other:
         other, path = found_other
         raise HostMPIError(f"{variable} has {path}, {FAMILY_NAMES[other]}, but this image's MPI is "
@@ -165,8 +181,8 @@ def prepare(environ, family=None):
     check_prefix(prefix)
     family = family or image_mpi_family()
     if family is None:
-        raise HostMPIError(f"{HOST_MPI_VARIABLE} is set, but this image carries neither libmpi.so.12 nor "
-                           "libmpi.so.40: it has no MPI to replace")
+        raise HostMPIError(f"{HOST_MPI_VARIABLE} is set, but this image carries none of "
+                           f"{', '.join(ABI_SONAMES.values())}: it has no MPI to replace")
     library_dir = host_library_dir(prefix, family)
     if family == "openmpi" and not environ.get("OPAL_PREFIX"):
         changes["OPAL_PREFIX"] = prefix   # a relocated Open MPI (a wheel, a moved tree) finds its files by it

@@ -53,8 +53,9 @@ def loaded_view(paths):
     return view
 
 
-# Where the image's own libraries live: a library loaded from elsewhere was put first by LD_LIBRARY_PATH (a host MPI).
-IMAGE_LIBRARY_DIRS = ("/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/")
+# Where the image's own libraries live (the system's, and /opt/venv/lib: the MPI=abi image's libmpi_abi.so.1): a
+# library loaded from elsewhere was put first by LD_LIBRARY_PATH (a host MPI).
+IMAGE_LIBRARY_DIRS = ("/usr/lib/", "/lib/", "/usr/lib64/", "/lib64/", "/opt/venv/lib/")
 
 
 def _unescape(field):
@@ -126,6 +127,22 @@ def describe_transport(view, environ=os.environ):
     if settings:
         parts.append("set: " + " ".join(settings))
     return "; ".join(parts) or "not discoverable from the loaded libraries (MPI built without loadable components)"
+
+
+def abi_version(paths):
+    """MPI_Abi_get_version() of the first standard-ABI library (libmpi_abi.so.*) among `paths` (loaded already, by
+    mpi4py), as "major.minor", or None: which version of the MPI 5.0 ABI the rank's library implements."""
+    for path in paths:
+        if Path(path).name.startswith("libmpi_abi.so"):
+            try:
+                function = ctypes.CDLL(path).MPI_Abi_get_version
+            except (OSError, AttributeError):
+                return None
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            if function(ctypes.byref(major), ctypes.byref(minor)) == 0:
+                return f"{major.value}.{minor.value}"
+            return None
+    return None
 
 
 def pmix_version(path):

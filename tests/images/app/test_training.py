@@ -341,7 +341,7 @@ log=$1; shift
 for i in $(seq 1800); do grep -q "%s" "$log" && break; sleep 0.1; done
 start=$(date +%%s.%%N)
 for p in $(pgrep -f train/); do
-    grep -qzE '^(OMPI_COMM_WORLD_RANK|TF_CONFIG)=' /proc/$p/environ 2>/dev/null && kill -USR1 $p
+    grep -qzE '^(OMPI_COMM_WORLD_RANK|PMI_RANK|TF_CONFIG)=' /proc/$p/environ 2>/dev/null && kill -USR1 $p
 done
 wait $job; status=$?
 echo "status $status seconds $(python -c "print($(date +%%s.%%N) - $start)")"

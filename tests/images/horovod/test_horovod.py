@@ -1,7 +1,7 @@
 """Checks and 2-rank smoke tests of the horovod layer, run on horovod and every image built on it."""
 import pytest
 
-from conftest import run_ranks, script
+from conftest import run_ranks, script, undecided_single_copy
 from support.collectives import check_collective_reports
 from support.stack import CONFIG
 
@@ -23,7 +23,8 @@ def test_check_build_shows_tensorflow_mpi_and_gloo(host, image_layer):
     ("mpirun -np 2", "mpi"),
 ])
 def test_two_rank_collectives_exact(host, image_layer, launcher, controller):
-    reports = run_ranks(host, f"{launcher} python {script('smoke/hvd_collectives.py')}")
+    command = f"{launcher} python {script('smoke/hvd_collectives.py')}"
+    reports = run_ranks(host, undecided_single_copy(image_layer) + command)
     check_collective_reports(reports, 2, SIZES, DTYPES, controller)
 
 
@@ -43,8 +44,9 @@ def test_two_rank_keras_training(host, image_layer):
 
 def test_bandwidth_sweep_reports_bus_bandwidth_with_exact_sums(host, image_layer):
     # The GPU path's sweep, run on the CPU path here (no GPU): same code, tensors on the CPU, MPI instead of NCCL.
-    reports = run_ranks(host, f"horovodrun -np 2 python {script('smoke/hvd_collectives.py')} "
-                              "--sizes 1023 --dtypes float32 --bandwidth-sizes 64K,1M --iterations 3")
+    reports = run_ranks(host, f"{undecided_single_copy(image_layer)}horovodrun -np 2 python "
+                              f"{script('smoke/hvd_collectives.py')} --sizes 1023 --dtypes float32 "
+                              "--bandwidth-sizes 64K,1M --iterations 3")
     for report in reports:
         assert report["failures"] == [] and report["device"] == "cpu"
         assert [entry["bytes"] for entry in report["bandwidth"]] == [65536, 1048576]

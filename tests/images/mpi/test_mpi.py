@@ -5,9 +5,8 @@ import pytest
 
 from conftest import run_ranks
 from support.stack import CONFIG, MANIFEST
-from tfhpc.manifest import upstream_version
 
-EXPECTED_MPI_VERSION = upstream_version(CONFIG.os["mpi"][CONFIG.mpi]["package_version"])
+EXPECTED_MPI_VERSION = CONFIG.mpi_version
 VERSION = re.compile(r"(\d+\.\d+\.\d+)")
 
 
@@ -25,7 +24,9 @@ def test_mpi4py_uses_the_same_mpi_library(host, image_layer):
     assert ("Open MPI" if CONFIG.mpi == "openmpi" else "MPICH") in library
     assert VERSION.search(library).group(1) == EXPECTED_MPI_VERSION, library
     linked = host.check_output("ldd $(python -c 'import mpi4py.MPI as m; print(m.__file__)') | grep -E 'libmpi'")
-    assert "libmpi.so.40" in linked if CONFIG.mpi == "openmpi" else "libmpi.so.12 => " in linked, linked
+    expected = {"openmpi": "libmpi.so.40", "mpich": "libmpi.so.12 => ",
+                "abi": "libmpi_abi.so.1 => /opt/venv/lib/libmpi_abi.so.1 "}[CONFIG.mpi]
+    assert expected in linked, linked
     assert CONFIG.versions["mpi4py"] == host.check_output("python -c 'import mpi4py; print(mpi4py.__version__)'")
 
 
@@ -49,6 +50,35 @@ def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer
             assert re.search(r"libmpi\.so\.12 => (/usr)?/lib/x86_64-linux-gnu/libmpi\.so\.12 ", linked), linked
 
 
+@pytest.mark.skipif(CONFIG.mpi != "abi", reason="the MPI=abi images only: libmpi_abi.so.1 is the standard ABI's name")
+def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root_host, image_layer):
+    """mpi4py and Horovod need libmpi_abi.so.1 (the MPI 5.0 ABI) and no library of another MPI ABI; no RPATH names
+    /opt/venv/lib (Debian's ld writes DT_RPATH, searched before LD_LIBRARY_PATH): the image's library comes from the
+    ld cache, and a directory first on LD_LIBRARY_PATH wins (what TFHPC_HOST_MPI does). The image holds the wheel's
+    ABI parts only: no libmpi.so.12 (MPICH ABI), no headers, no compiler wrappers (containers/mpi/Dockerfile)."""
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert re.search(r"libmpi_abi\.so\.1 .*=> /opt/venv/lib/libmpi_abi\.so\.1$", cache, re.M), cache
+    others = root_host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpich.so*' -o -name 'mpi.h' "
+                                    "-o -name 'mpi_abi.h' -o -name 'mpicc*' \\) -print")
+    assert others == "", others
+    modules = host.check_output("grep -rlaE --include='*.so*' 'libmpi_abi\\.so\\.1' /opt/venv/lib/python*").split()
+    expected = ["/mpi4py/MPI."] + (["/horovod/tensorflow/mpi_lib"]
+                                   if image_layer in MANIFEST.layers.descendants("horovod") else [])
+    for part in expected:
+        assert any(part in path for path in modules), (part, modules)
+    host.check_output("rm -rf /tmp/hostlib && mkdir /tmp/hostlib && ln -s /opt/venv/lib/libmpi_abi.so.1 /tmp/hostlib/")
+    for path in modules:
+        dynamic = host.check_output(f"ldd {path} | grep -E 'libmpi'")
+        assert re.search(r"libmpi_abi\.so\.1 => /opt/venv/lib/libmpi_abi\.so\.1 ", dynamic), (path, dynamic)
+        assert "libmpi.so" not in dynamic and "libmpich" not in dynamic, (path, dynamic)
+        first = host.check_output(f"LD_LIBRARY_PATH=/tmp/hostlib ldd {path} | grep -E 'libmpi_abi'")
+        assert "=> /tmp/hostlib/libmpi_abi.so.1 " in first, (path, first)
+        # the loader's own account of where it looked: no RPATH or RUNPATH of the module names the wheel's directory
+        searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
+        assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
+                             searched), (path, searched[-3000:])
+
+
 def test_two_rank_mpi4py_allreduce(host, image_layer):
     # Buffers from the standard library's array module: the mpi layer has no numpy.
     program = ("from mpi4py import MPI; import array, json; c = MPI.COMM_WORLD; "
@@ -68,6 +98,15 @@ def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
     wrong label."""
     from tfhpc.bench.sections.coll import COLL_ALGORITHMS
     forced = [name for name in COLL_ALGORITHMS[CONFIG.mpi] if name != "default"]
+    if CONFIG.mpi == "abi":
+        # the wheel's mpivars needs the MPICH ABI's libmpi.so.12, which the image leaves out: each name is tried
+        # instead, a bogus one first (MPICH stops MPI_Init on a name it does not know)
+        program = "from mpi4py import MPI; assert MPI.COMM_WORLD.allreduce(1) == 2"
+        for name in ["no_such_algorithm", *forced]:
+            [variable] = COLL_ALGORITHMS["abi"].get(name, {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name})
+            done = host.run(f"{variable}={name} mpirun -np 2 python -c '{program}'")
+            assert (done.rc == 0) == (name != "no_such_algorithm"), (name, done.stdout, done.stderr)
+        return
     if CONFIG.mpi == "openmpi":
         listed = host.check_output("ompi_info --param coll tuned --level 9")
         valid = re.search(r'coll_tuned_allreduce_algorithm".*?Valid values: ([^\n]*)', listed, re.S).group(1)

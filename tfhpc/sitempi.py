@@ -1,21 +1,28 @@
 """Host MPIs for the site tests and `make bench`: PyPI wheels at the versions of versions.toml's [site_mpi] (MPICH 5,
 Intel MPI, Open MPI releases other than the images'), installed with pip into build/site-mpi/<name>-<version>/, a
-prefix with bin/ and lib/ as a site's module would have, once. Containers mount build/site-mpi at MOUNT, so a
+prefix with bin/ and lib/ as a site's module would have, once; Open MPI 6, which has no wheel, from Debian sid's
+packages (tests/sites/host-mpi/openmpi6.Dockerfile) into build/site-mpi/openmpi6-<version>. Containers mount build/site-mpi at MOUNT, so a
 prefix is the same path inside and out."""
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from .common import REPO_ROOT, UserError, default_ca_bundle, resolve_ca_bundle
-from .manifest import Manifest
+from .dockerhost import client
+from .imagebuild import build_image
+from .manifest import Config, Manifest
+from .rootimage import resolve_root
 
 SITE_MPI_DIR = REPO_ROOT / "build" / "site-mpi"
 MOUNT = "/opt/site-mpi"
+OPENMPI6_DOCKERFILE = REPO_ROOT / "tests" / "sites" / "host-mpi" / "openmpi6.Dockerfile"
 
 
 def version(manifest: Manifest, name: str) -> str:
@@ -70,3 +77,31 @@ def _install(prefix: Path, name: str, package: str | None, pinned: str) -> Path:
 def in_containers(prefix: Path) -> str:
     """The path of a build/site-mpi prefix inside containers that mount build/site-mpi at MOUNT."""
     return f"{MOUNT}/{Path(prefix).name}"
+
+
+def install_openmpi6(manifest: Manifest, config: Config) -> Path:
+    """build/site-mpi/openmpi6-<version>: bin/prterun, bin/prted and lib/libmpi_abi.so.1 with the libraries they
+    load, from Debian sid's Open MPI 6 packages at versions.toml's [site_mpi] openmpi6, installed on the OS root of
+    `config` (the MPI=abi image's); built once, written under a temporary name and renamed."""
+    pinned = version(manifest, "openmpi6")
+
+    def make(prefix: Path) -> Path:
+        image = build_image(config, OPENMPI6_DOCKERFILE, f"tfhpc-test-openmpi6:{pinned.replace('~', '_')}",
+                            resolve_root(config, os.environ.get("BASE_SOURCE") or "auto"),
+                            resolve_ca_bundle(default_ca_bundle()),
+                            extra_args={"OPENMPI6_PACKAGE_VERSION": pinned})
+        staging = SITE_MPI_DIR / f".openmpi6-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        container = client().containers.create(image, command=["true"])
+        try:
+            stream, _ = container.get_archive("/prefix")
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+                archive.extractall(staging, filter="tar")
+            shutil.rmtree(prefix, ignore_errors=True)
+            Path(staging, "prefix").rename(prefix)
+        finally:
+            container.remove(force=True)
+            shutil.rmtree(staging, ignore_errors=True)
+        return prefix
+
+    return once(SITE_MPI_DIR / f"openmpi6-{pinned.replace('~', '_')}", make)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import NODES
 from support.results import results
-from support.site_mpi import in_containers, install_site_mpi
+from support.site_mpi import LIBRARY_VERSIONS, in_containers, install_host_mpi, install_site_mpi
 from support.stack import CONFIG, LEAF, MANIFEST
 from tfhpc.sif import sif_path
 
@@ -154,26 +154,38 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
     assert rc != 0 and len(out.strip().splitlines()) == 1 and "set TFHPC_SIF" in out, out
 
 
-@pytest.mark.parametrize("image_mpi", CONFIG.site_test_mpis)
-def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster, image_mpi):
-    """The Cray-style bind model: srun --mpi=pmi2 starts the ranks of the MPICH image (its libmpi.so.12 replaced) and
-    of the standard-ABI image (MPI=abi, its libmpi_abi.so.1 replaced), where the stack has one, on PyPI's MPICH 5 (the
-    host MPI, which ships both libraries): each rank loaded the host library (the doctor), MPI and Horovod wired up
-    as one world of 2 across the nodes, the collectives are exact and 2-rank Keras training ends with equal weights
-    on both ranks. The image gives MPICH the OFI network module under srun --mpi=pmi2 (tfhpc_runtime/hostenv.py):
-    with UCX, Slurm's pmi2 plugin misparsed MPICH's long PMI-1 requests and MPI_Init hung in 3 of 4 Horovod starts."""
+# (image MPI, host MPI): the MPICH image on the site's MPICH; the standard-ABI image, where the stack has one, on three
+# implementations: MPICH and Intel MPI (srun --mpi=pmi2) and Open MPI 6 (srun --mpi=pmix: Slurm's PMIx 5 serving
+# Open MPI 6's PMIx client).
+HOST_MPI_JOBS = [case for case in [("mpich", "mpich"), ("abi", "mpich"), ("abi", "impi-rt"), ("abi", "openmpi6")]
+                 if case[0] in CONFIG.site_test_mpis]
+SRUN_MPI = {"mpich": "pmi2", "impi-rt": "pmi2", "openmpi6": "pmix"}
+
+
+@pytest.mark.parametrize(("image_mpi", "host_mpi"), HOST_MPI_JOBS, ids=[f"{i}-on-{h}" for i, h in HOST_MPI_JOBS])
+def test_host_mpi_job_runs_on_the_sites_mpi_under_srun(slurm_cluster, image_mpi, host_mpi):
+    """The Cray-style bind model: srun starts the ranks of the MPICH image (its libmpi.so.12 replaced) or of the
+    standard-ABI image (MPI=abi, its libmpi_abi.so.1 replaced) on the host MPI that TFHPC_HOST_MPI names: each rank
+    loaded the host library (the doctor), MPI and Horovod wired up as one world of 2 across the nodes, the collectives
+    are exact and 2-rank Keras training ends with equal weights on both ranks. Intel MPI's wheel has no libfabric:
+    TFHPC_HOST_LIBS gives it the one of PyPI's MPICH (a site gives its own; without one, MPI_Init fails in
+    MPIDI_OFI_mpi_init_hook). The image gives MPICH the OFI network module under srun --mpi=pmi2
+    (tfhpc_runtime/hostenv.py): with UCX, Slurm's pmi2 plugin misparsed MPICH's long PMI-1 requests and MPI_Init hung
+    in 3 of 4 Horovod starts."""
     image_sif = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, image_mpi), LEAF)
     if not image_sif.is_file():
         pytest.fail(f"{image_sif} is missing: run `make site-images` first")
-    prefix = in_containers(install_site_mpi("mpich"))
+    prefix = in_containers(install_host_mpi(host_mpi))
     library = {"mpich": "libmpi.so.12", "abi": "libmpi_abi.so.1"}[image_mpi]
+    environment = f"TFHPC_HOST_MPI={prefix} TFHPC_SRUN_MPI={SRUN_MPI[host_mpi]}"
+    if host_mpi == "impi-rt":
+        environment += f" TFHPC_HOST_LIBS={in_containers(install_site_mpi('mpich'))}/lib/mpich"
 
     def host_mpi_job(command):
         # --time: a rank that waits for ever in MPI_Init ends with the job instead of the test's timeout.
         return sbatch(slurm_cluster, f"/sif/{image_sif.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
-                      environment=f"TFHPC_HOST_MPI={prefix}")
+                      environment=environment)
 
-    # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
     job, state, rc, output = host_mpi_job("sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'")
     assert (rc, state) == (0, "COMPLETED"), output
     _, written = slurm_cluster.run("ctl", f"cat /jobs/out/doctor.{job}.0.json /jobs/out/doctor.{job}.1.json")
@@ -183,7 +195,7 @@ def test_host_mpi_job_runs_on_the_sites_mpich_with_srun_pmi2(slurm_cluster, imag
         assert report["facts"]["mpi_library"]["paths"] and all(
             p.startswith(prefix + "/") and p.endswith(f"/{library}") for p in report["facts"]["mpi_library"]["paths"]
         ), report["facts"]
-        assert report["facts"]["mpi_library"]["version"].startswith("MPICH Version:"), report["facts"]
+        assert report["facts"]["mpi_library"]["version"].startswith(LIBRARY_VERSIONS[host_mpi]), report["facts"]
         (world,) = [c for c in report["checks"] if c["section"] == "launcher" and c["name"] == "world size"]
         assert world["status"] == "ok" and "horovod 2, mpi 2" in world["detail"], world
 

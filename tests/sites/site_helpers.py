@@ -3,6 +3,7 @@ support.results; tests/sites/conftest.py has the fixtures; docstring there)."""
 import json
 
 from support.collectives import smoke_arguments
+from support.site_mpi import LIBRARY_VERSIONS
 from support.stack import CONFIG, MANIFEST
 
 MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich")
@@ -34,6 +35,6 @@ def check(report, section, name):
 
 # The host MPIs of the MPICH ABI family that the MPICH images take, with how MPI_Get_library_version begins in each;
 # Horovod's collectives on them (float16: a user-defined op on a derived datatype in Horovod's MPI path).
-HOST_MPIS = {"mpich": "MPICH Version:", "impi-rt": "Intel(R) MPI Library"}
+HOST_MPIS = {name: LIBRARY_VERSIONS[name] for name in ("mpich", "impi-rt")}
 SIZES, DTYPES = (1, 4096), ("float32", "float16", "int32")
 SMOKE = f"tfhpc-smoke-collectives {smoke_arguments(SIZES, DTYPES)}"

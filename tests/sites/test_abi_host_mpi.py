@@ -22,14 +22,14 @@ import subprocess
 
 import pytest
 
-from site_helpers import ABI_CONFIG, DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
+from site_helpers import ABI_CONFIG, DTYPES, SIZES, SMOKE, check, doctor_reports
 from support.collectives import check_collective_reports
 from support.results import results
-from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers, install_openmpi6
+from support.site_mpi import LIBRARY_VERSIONS, MOUNT, SITE_MPI_DIR, in_containers, install_openmpi6
 
 IMAGE_LIBRARY = "/opt/venv/lib/libmpi_abi.so.1"
 # The host MPIs of the standard ABI, with how MPI_Get_library_version begins in each.
-ABI_HOST_MPIS = {**HOST_MPIS, "openmpi6": "Open MPI v6."}
+ABI_HOST_MPIS = LIBRARY_VERSIONS
 # Each host MPI's launcher under its prefix, and what it needs beside TFHPC_HOST_MPI here (see the docstring;
 # PMIx 7 warns on every rank that its compression plugins, outside the prefix, are missing).
 LAUNCHERS = {"mpich": "bin/mpiexec -n 2", "impi-rt": "bin/mpiexec -n 2", "openmpi6": "bin/prterun -n 2"}

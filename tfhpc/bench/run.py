@@ -48,7 +48,7 @@ def _attempt(ctx: Context, ids: list[tuple[str, str, str, str]], work) -> None:
 
 def expected_ids(plan: Plan, config: Config) -> list[tuple[str, str, str, str]]:
     """Every figure a run of `plan` reports, measured or not."""
-    return [*allreduce_figure_ids(plan), *phase_figure_ids(), *coll_figure_ids(config), *host_mpi_figure_ids(),
+    return [*allreduce_figure_ids(plan), *phase_figure_ids(), *coll_figure_ids(config), *host_mpi_figure_ids(config),
             *TRAIN_IDS,
             *startup_figure_ids(plan),
             *footprint_ids(config)]
@@ -89,7 +89,7 @@ def run_bench(config: Config, quick: bool, build_host_venv: bool | None = None, 
         sections = [("allreduce", bench_allreduce, allreduce_figure_ids(plan)),
                     ("Horovod phases", bench_horovod_phases, phase_figure_ids()),
                     ("allreduce algorithms", bench_coll, coll_figure_ids(config)),
-                    ("host MPI", bench_host_mpi, host_mpi_figure_ids()),
+                    ("host MPI", bench_host_mpi, host_mpi_figure_ids(config)),
                     ("training", bench_training, TRAIN_IDS),
                     ("start-up", bench_startup, startup_figure_ids(plan)),
                     ("footprint and build", bench_footprint, footprint_ids(config))]

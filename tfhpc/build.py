@@ -12,6 +12,7 @@ import docker.errors
 from .attest import record_layers
 from .common import REPO_ROOT, UserError, log, resolve_ca_bundle
 from .dockerhost import client
+from .cross import cross_args
 from .emulation import ensure_emulation
 from .imagebuild import build_layer
 from .lock import check_locks
@@ -31,6 +32,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
     chain = config.layers.chain(target)
     started = time.monotonic()
     parent = root = resolve_root(config, base_source)
+    cross = cross_args(config, base_source)  # emulated: the host's own compilers for mpi4py and Horovod
     timings = {"root": round(time.monotonic() - started, 1)}
     # Each layer is built under a staging tag and the stack's tags move only once every layer has built: a failure
     # half-way would otherwise leave new lower layers tagged beside upper layers built on the old ones.
@@ -42,7 +44,7 @@ def build_stack(config: Config, target: str, base_source: str, ca_bundle: str | 
             final = config.image(layer)
             try:
                 parent = build_layer(config, layer, parent, bundle, pip_index_url,
-                                     image=f"{final}-{staging}", shown_as=final)
+                                     image=f"{final}-{staging}", shown_as=final, cross=cross)
             except UserError:
                 raise UserError(f"building layer '{layer}' failed (build log above); no tag of the stack was moved, "
                                 f"{config.image(chain[-1])} and its parents are as they were") from None

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from .common import REPO_ROOT, UserError, git_revision, log, source_date, source_epoch
+from .cross import uses_cross
 from .dockerhost import build_cli, client
 from .manifest import Config
 
@@ -95,10 +96,14 @@ def layer_inputs(config: Config, layer: str) -> tuple[dict[str, str], dict[str, 
 
 
 def build_layer(config: Config, layer: str, parent_image: str, ca_bundle: Path | None,
-                pip_index_url: str | None, image: str | None = None, shown_as: str | None = None) -> str:
-    """Build the stack's layer `layer` (containers/<layer>/Dockerfile) as `image` (default: its stack name)."""
+                pip_index_url: str | None, image: str | None = None, shown_as: str | None = None,
+                cross: dict[str, str] | None = None) -> str:
+    """Build the stack's layer `layer` (containers/<layer>/Dockerfile) as `image` (default: its stack name).
+    `cross`: an emulated build's cross-compiler arguments (tfhpc/cross.py), for the layers that compile."""
     image = image or config.image(layer)
     labels, extra_args = layer_inputs(config, layer)
+    if cross and uses_cross(layer):
+        extra_args = {**extra_args, **cross}
     try:
         return build_image(config, REPO_ROOT / "containers" / layer / "Dockerfile", image, parent_image, ca_bundle,
                            pip_index_url, labels, extra_args, shown_as=shown_as, target=config.build_target(layer))

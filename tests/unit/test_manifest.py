@@ -1,4 +1,5 @@
 """The versions manifest and the stack's shape: reading, derivation of names, tags, build args and labels."""
+import re
 import textwrap
 
 import pytest
@@ -21,7 +22,7 @@ def test_every_layer_has_a_dockerfile_taking_its_parent_as_base_image(manifest):
     from tfhpc import REPO_ROOT
     for name in manifest.layers.names:
         dockerfile = (REPO_ROOT / "containers" / name / "Dockerfile").read_text()
-        assert "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}" in dockerfile, name
+        assert dockerfile.count("ARG BASE_IMAGE\n") == 1 and re.search(r"^FROM \$\{BASE_IMAGE\}", dockerfile, re.M), name
 
 
 def test_default_config_is_the_latest_cpu_openmpi_stack(manifest):

@@ -230,6 +230,9 @@ class Config:
             "MPI": self.mpi,
             "MPI_PACKAGE_VERSION": self.os["mpi"][self.mpi]["package_version"],
             "MPI4PY_VERSION": v["mpi4py"],
+            # mpi4py's MPI4PY_BUILD_MPIABI (weak MPI-4 symbols, so an older library of the same ABI loads), unless the
+            # MPI cannot build it (versions.toml: mpi4py_mpiabi = false).
+            "MPI4PY_BUILD_MPIABI": "1" if self.mpi_spec.get("mpi4py_mpiabi", True) else "0",
             "TENSORFLOW_PACKAGE": self.tensorflow_package,
             "TENSORFLOW_VERSION": v["tensorflow"],
             "TF_KERAS_VERSION": v.get("tf_keras", ""),

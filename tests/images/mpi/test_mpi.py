@@ -123,7 +123,8 @@ def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
         # MPICH 4.0's mpivars runs the choices together on the variable's line ("...auto - Internal ...nb - Force
         # nonblocking algorithmsmp - Force smp algorithm..."), so a name follows "algorithm", ")" or a blank; MPICH
         # 4.2's puts one per line after it, up to the next variable's line (which starts with a tab)
-        block = "\n".join([lines[start], *itertools.takewhile(lambda line: not line.startswith("\t"), lines[start + 1:])])
+        following = itertools.takewhile(lambda line: not line.startswith("\t"), lines[start + 1:])
+        block = "\n".join([lines[start], *following])
         assert forced
         for name in forced:
             assert re.search(rf"(?:algorithm|[\s)]|^){name}\s+- Force", block, re.M), (name, block)

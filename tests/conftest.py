@@ -3,11 +3,16 @@ support/stack.py, as constants (skip marks and parametrisations need it at impor
 hand those same objects to the tests that take them as arguments. The docker client is one per session, for every
 directory whose tests talk to the engine (images, publish, runtimes)."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from support.stack import CONFIG, MANIFEST
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
+
+# What a whole `make test` writes at its peak besides what is already built (the runtimes' image copies, the SIF
+# tests' sandboxes, the cluster's node images, the registry's blobs): measured, docs/testing.md#disk.
+MIN_FREE_GB = 20
 
 
 @pytest.fixture(scope="session")
@@ -27,11 +32,27 @@ def docker_client():
     return client()
 
 
+def pytest_collection_finish(session):
+    """Before the first image test: enough free disk where the tests write (build/ and the docker data root), else
+    one line naming the fix. A full disk half-way fails unrelated tests with ENOSPC an hour later."""
+    if not any(item.get_closest_marker("image") for item in session.items):
+        return
+    from tfhpc.dockerhost import client
+    places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    for path, what in places.items():
+        while not path.exists():
+            path = path.parent
+        free = shutil.disk_usage(path).free / 2**30
+        if free < MIN_FREE_GB:
+            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} GB: "
+                                    "run `make clean` (or `docker builder prune`) first")
+
+
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own --durations list: the time spent in each test directory (setup, call and teardown of its
     tests, so a module fixture's start-up counts where it is used), the table docs/testing.md keeps; every test's
-    times also go to build/test-durations.json (test id -> seconds of setup, call, teardown), to find where a
-    directory's time goes."""
+    times also go to build/test-durations.json (test id -> seconds of setup, call, teardown and the setup's start
+    time), to find where a directory's time goes."""
     totals, counts, durations = {}, {}, {}
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -40,7 +61,10 @@ def pytest_terminal_summary(terminalreporter):
             parts = Path(report.fspath).parts
             directory = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
             totals[directory] = totals.get(directory, 0.0) + report.duration
-            durations.setdefault(report.nodeid, {})[report.when] = round(report.duration, 2)
+            times = durations.setdefault(report.nodeid, {})
+            times[report.when] = round(report.duration, 2)
+            if report.when == "setup":
+                times["start"] = round(report.start, 1)  # epoch seconds: to line a test up with the machine's load
             if report.when == "call":
                 counts[directory] = counts.get(directory, 0) + 1
     if not totals:

@@ -14,6 +14,7 @@ LAYER ?=##         last layer to build with `make image` (default: app, the leaf
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF (apptainer sign --key) and the provenance
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
+TEST_WORKERS ?= 2## `make test`'s pytest workers (pytest-xdist; 1: one process, in collection order)
 UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping the locked versions
 NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
 QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
@@ -76,7 +77,7 @@ show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show
 
 test: sif site-images ## build images and SIFs if needed, then run every test: tooling, each image (+ ancestors' tests), SIF, sites
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 site-images: venv ## the MPICH stack's images and SIF, and the standard-ABI stack's (MPI=abi) where the stack has one: tests/sites runs them with host MPIs
 	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do $(MAKE) sif MPI=$$mpi || exit 1; done

@@ -1,13 +1,32 @@
 """Fixtures every test directory shares. The configuration `make test` selected (STACK/FLAVOR/MPI) lives once, in
 support/stack.py, as constants (skip marks and parametrisations need it at import time); `manifest` and `config` only
 hand those same objects to the tests that take them as arguments. The docker client is one per session, for every
-directory whose tests talk to the engine (images, publish, runtimes)."""
+directory whose tests talk to the engine (images, publish, runtimes).
+
+`make test` runs two pytest workers (pytest-xdist, `--dist loadgroup`): much of the suite waits rather than computes
+(container and Slurm start-up, a requeued job's credential expiry, a lost node's cooldown), and the other worker's
+tests fill those waits (docs/testing.md#two-workers). A work unit runs on one worker, whole: a module, or a directory
+whose fixtures are shared between its modules (package or session scope). The longest units start first."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from support.stack import CONFIG, MANIFEST
+from support.stack import CONFIG, MANIFEST, REPO_ROOT
+
+# Directories whose fixtures outlive a module: each is one work unit.
+WHOLE_DIRECTORIES = ("tests/arm64", "tests/bench", "tests/publish", "tests/runtimes", "tests/sif", "tests/sites")
+# The longest work units, longest first (build/test-durations.json of a full run; docs/testing.md): with two workers,
+# starting them first keeps one long unit from running alone at the end.
+LONGEST_FIRST = ("tests/images/app/test_training.py", "tests/cluster/test_slurm.py", "tests/cluster/test_elastic.py",
+                 "tests/sites", "tests/bench", "tests/images/app/test_keras3.py", "tests/sif", "tests/runtimes",
+                 "tests/images/horovod/test_horovod.py", "tests/publish")
+
+# What a whole `make test` writes at its peak besides what is already built (the runtimes' image copies, the SIF
+# tests' sandboxes, the cluster's node images, the registry's blobs): 10 GB measured, and a margin
+# (docs/testing.md#disk).
+MIN_FREE_GB = 15
 
 
 @pytest.fixture(scope="session")
@@ -27,11 +46,48 @@ def docker_client():
     return client()
 
 
+def work_unit(nodeid: str) -> str:
+    """The module of a test, or its directory when that is one of WHOLE_DIRECTORIES."""
+    path = nodeid.split("::")[0]
+    return next((directory for directory in WHOLE_DIRECTORIES if path.startswith(directory + "/")), path)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Each test's work unit as its xdist group; under workers, the units in LONGEST_FIRST order (a stable sort: the
+    order within a unit stays). A serial run keeps the collection's order."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item.nodeid)))
+    if getattr(config.option, "dist", "no") != "no":
+        rank = {unit: index for index, unit in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
+
+
+def pytest_sessionstart(session):
+    """Before any test (in the one process that starts the workers): enough free disk where the image tests write
+    (build/ and the docker data root), else one line naming the fix; a full disk half-way fails unrelated tests with
+    ENOSPC an hour later. Runs that select only tests/unit need neither."""
+    config = session.config
+    unit = REPO_ROOT / "tests" / "unit"
+    if hasattr(config, "workerinput") or all(
+            Path(config.invocation_params.dir, arg.split("::")[0]).resolve().is_relative_to(unit) for arg in config.args):
+        return
+    from tfhpc.dockerhost import client
+    places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    for path, what in places.items():
+        while not path.exists():
+            path = path.parent
+        free = shutil.disk_usage(path).free / 2**30
+        if free < MIN_FREE_GB:
+            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} GB: "
+                                    "run `make clean` (or `docker builder prune`) first")
+
+
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own --durations list: the time spent in each test directory (setup, call and teardown of its
     tests, so a module fixture's start-up counts where it is used), the table docs/testing.md keeps; every test's
-    times also go to build/test-durations.json (test id -> seconds of setup, call, teardown), to find where a
-    directory's time goes."""
+    times also go to build/test-durations.json (test id -> seconds of setup, call, teardown and the setup's start
+    time), to find where a directory's time goes."""
     totals, counts, durations = {}, {}, {}
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -40,7 +96,10 @@ def pytest_terminal_summary(terminalreporter):
             parts = Path(report.fspath).parts
             directory = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
             totals[directory] = totals.get(directory, 0.0) + report.duration
-            durations.setdefault(report.nodeid, {})[report.when] = round(report.duration, 2)
+            times = durations.setdefault(report.nodeid, {})
+            times[report.when] = round(report.duration, 2)
+            if report.when == "setup":
+                times["start"] = round(report.start, 1)  # epoch seconds: to line a test up with the machine's load
             if report.when == "call":
                 counts[directory] = counts.get(directory, 0) + 1
     if not totals:

@@ -1,8 +1,8 @@
 """Host MPIs for the site tests and `make bench`: PyPI wheels at the versions of versions.toml's [site_mpi] (MPICH 5,
 Intel MPI, Open MPI releases other than the images'), installed with pip into build/site-mpi/<name>-<version>/, a
 prefix with bin/ and lib/ as a site's module would have, once; Open MPI 6, which has no wheel, from Debian sid's
-packages (tests/sites/host-mpi/openmpi6.Dockerfile) into build/site-mpi/openmpi6-<version>. Containers mount build/site-mpi at MOUNT, so a
-prefix is the same path inside and out."""
+packages (tests/sites/host-mpi/openmpi6.Dockerfile) into build/site-mpi/openmpi6-<version>. Containers mount
+build/site-mpi at MOUNT, so a prefix is the same path inside and out."""
 from __future__ import annotations
 
 import fcntl
@@ -105,3 +105,8 @@ def install_openmpi6(manifest: Manifest, config: Config) -> Path:
         return prefix
 
     return once(SITE_MPI_DIR / f"openmpi6-{pinned.replace('~', '_')}", make)
+
+
+def install_host(manifest: Manifest, name: str, config: Config) -> Path:
+    """The prefix of host MPI `name` of [site_mpi]: a wheel's, or Open MPI 6's built on the OS root of `config`."""
+    return install_openmpi6(manifest, config) if name == "openmpi6" else install(manifest, name)

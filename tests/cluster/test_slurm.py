@@ -186,6 +186,7 @@ def test_host_mpi_job_runs_on_the_sites_mpi_under_srun(slurm_cluster, image_mpi,
         return sbatch(slurm_cluster, f"/sif/{image_sif.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
                       environment=environment)
 
+    # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
     job, state, rc, output = host_mpi_job("sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'")
     assert (rc, state) == (0, "COMPLETED"), output
     _, written = slurm_cluster.run("ctl", f"cat /jobs/out/doctor.{job}.0.json /jobs/out/doctor.{job}.1.json")

@@ -2,22 +2,23 @@
 
 - Charliecloud: the image's `docker export` archive (plus its environment as /ch/environment, as `ch-convert -i docker`
   adds it) converted with `ch-convert -i tar -o dir`, run with `ch-run` by the unprivileged uid 1000.
-- Podman: `docker save` loaded with `podman load` into a private store (rootful: see test_podman.py), run there.
+- Podman: `docker save` streamed into `podman load` into a private store (rootful: see test_podman.py), run there.
 - enroot/pyxis squashfs (`make sqsh`): listed with unsquashfs and mounted with squashfuse in the apptainer helper
   image, then run chrooted as uid 1000 the way `enroot start` and pyxis do.
-Everything is created under build/runtimes/session-<pid>/ and removed at the end, also on failure; every container
-carries the label io.tfhpc.test-runtime=<pid>:<purpose>. Leftovers of a killed run (its pid gone) are removed first.
+Everything is created under build/runtimes/session-<pid>/ and removed when the directory's tests are done (package
+scope: its gigabytes do not outlive them), also on failure; every container carries the label io.tfhpc.test-runtime=<pid>:<purpose>. Leftovers of a killed run (its pid gone) are removed first.
 The tools are never installed here: a missing one fails its test with the install command.
 """
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from runtime_helpers import LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in, user_environment
+from runtimes.runtime_helpers import LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in, user_environment
 from support.ch_images import directory_image
 from support.markers import mark_directory
 from support.stack import CONFIG, LEAF, MANIFEST
@@ -50,7 +51,7 @@ def _remove_session_dir(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def work_dir(docker_client):
     """build/runtimes/session-<pid>/ (mode 0755: the unprivileged user reads the images below it)."""
     for container in docker_client.containers.list(all=True, filters={"label": LABEL}):
@@ -69,7 +70,7 @@ def work_dir(docker_client):
         _remove_session_dir(path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def app_image(docker_client):
     """The docker SDK image object of the app image of the selected configuration."""
     import docker.errors
@@ -86,7 +87,7 @@ def require(*tools, package):
         pytest.fail(f"{', '.join(missing)} not found: install it with `apt-get install {package}` (Debian 12)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ch_image(docker_client, app_image, work_dir):
     """Directory image for ch-run (tests/support/ch_images.py), converted as the unprivileged user who runs it."""
     target = work_dir / "charliecloud" / "app"
@@ -95,28 +96,33 @@ def ch_image(docker_client, app_image, work_dir):
                            env={**os.environ, **user_environment()})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def podman_image(docker_client, app_image, work_dir):
-    """podman base command and the image's name in its private store, loaded from a `docker save` archive."""
+    """podman base command and the image's name in its private store, `docker save` streamed into `podman load`
+    (no archive on disk)."""
     require("podman", package="podman")
     if os.geteuid() != 0:
         pytest.fail("the podman tests use rootful podman: run them as root (rootless podman needs /etc/subuid and "
                     "/etc/subgid ranges for the user, see docs/sites.md)")
-    archive = work_dir / "app-save.tar"
-    with archive.open("wb") as handle:
-        for chunk in app_image.save(named=True, chunk_size=1 << 20):
-            handle.write(chunk)
     store = work_dir / "podman"
-    done = subprocess.run([*podman_base(store), "load", "--input", str(archive)], capture_output=True, text=True,
-                          timeout=900)
-    archive.unlink()
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    with tempfile.TemporaryFile() as output:
+        load = subprocess.Popen([*podman_base(store), "load"], stdin=subprocess.PIPE, stdout=output,
+                                stderr=subprocess.STDOUT)
+        try:
+            for chunk in app_image.save(named=True, chunk_size=1 << 20):
+                load.stdin.write(chunk)
+        finally:
+            load.stdin.close()
+            status = load.wait(timeout=900)
+        output.seek(0)
+        printed = output.read().decode(errors="replace")
+    assert status == 0, printed[-4000:]
     name = f"localhost/{CONFIG.image(LEAF)}"
-    assert f"Loaded image: {name}" in done.stdout + done.stderr, done.stdout + done.stderr
+    assert f"Loaded image: {name}" in printed, printed
     return podman_base(store), name
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def helper(docker_client, work_dir):
     """A container of the apptainer helper image (its apptainer, squashfs-tools, squashfuse), started like
     tfhpc/apptainer.py's start_helper (FUSE, user namespaces, unmasked /proc) with the test label, with the SIF
@@ -142,7 +148,7 @@ def helper(docker_client, work_dir):
         container.remove(force=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sqsh(work_dir, app_image, helper):
     """`python -m tfhpc sqsh` (what `make sqsh` runs), forced through the helper image's mksquashfs (the path of a
     host without squashfs-tools), written into the session's sqsh directory: (host path, path in the helper)."""
@@ -155,7 +161,7 @@ def sqsh(work_dir, app_image, helper):
     return target, f"/sqsh/{target.name}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mounted_sqsh(helper, sqsh):
     """The squashfs mounted with squashfuse at /mnt/image in the helper (as root, readable by all), with /proc, /sys,
     /dev bound and a fresh /tmp: what enroot sets up before it enters the image."""

@@ -5,7 +5,7 @@ import os
 import shlex
 import subprocess
 
-from runtime_helpers import SMOKE, USER_UID, as_user, expected_uid, user_environment
+from runtimes.runtime_helpers import SMOKE, USER_UID, as_user, expected_uid, user_environment
 from support.collectives import check_collectives
 
 

@@ -7,7 +7,7 @@ tfhpc cannot exist. The container processes still run as the image's unprivilege
 """
 import subprocess
 
-from runtime_helpers import SMOKE, podman_run_args
+from runtimes.runtime_helpers import SMOKE, podman_run_args
 from support.collectives import check_collectives
 
 

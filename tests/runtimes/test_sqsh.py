@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from runtime_helpers import SMOKE, USER_UID, label, run_in
+from runtimes.runtime_helpers import SMOKE, USER_UID, label, run_in
 from support.collectives import check_collectives
 from support.stack import CONFIG
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from runtime_helpers import WORK_ROOT, as_user, label, podman_run_args, run_in, user_environment
+from runtimes.runtime_helpers import WORK_ROOT, as_user, label, podman_run_args, run_in, user_environment
 from support.stack import CONFIG, LEAF
 
 RUNS = 3

@@ -22,10 +22,10 @@ import subprocess
 
 import pytest
 
-from site_helpers import ABI_CONFIG, DTYPES, SIZES, SMOKE, check, doctor_reports
+from site_helpers import DTYPES, SIZES, SMOKE, check, doctor_reports
 from support.collectives import check_collective_reports
 from support.results import results
-from support.site_mpi import LIBRARY_VERSIONS, MOUNT, SITE_MPI_DIR, in_containers, install_openmpi6
+from support.site_mpi import LIBRARY_VERSIONS, MOUNT, SITE_MPI_DIR, in_containers, install_host_mpi
 
 IMAGE_LIBRARY = "/opt/venv/lib/libmpi_abi.so.1"
 # The host MPIs of the standard ABI, with how MPI_Get_library_version begins in each.
@@ -71,7 +71,7 @@ def run_case(mpi, where, image, sif, helper, site_mpis):
 @pytest.fixture(scope="module")
 def abi_site_mpis(site_mpis):
     """site_mpis and Open MPI 6's prefix (built from Debian sid's packages on the MPI=abi image's OS root)."""
-    return {**site_mpis, "openmpi6": install_openmpi6(ABI_CONFIG)}
+    return {**site_mpis, "openmpi6": install_host_mpi("openmpi6")}
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,6 @@ def install_site_mpi(name, package=None):
     return sitempi.install(MANIFEST, name, package)
 
 
-def install_openmpi6(config):
-    return sitempi.install_openmpi6(MANIFEST, config)
-
-
 def install_host_mpi(name):
     """The prefix of host MPI `name` of LIBRARY_VERSIONS (Open MPI 6 on the OS root of this stack's MPI=abi image)."""
-    if name == "openmpi6":
-        return install_openmpi6(MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi"))
-    return install_site_mpi(name)
+    return sitempi.install_host(MANIFEST, name, MANIFEST.config(CONFIG.stack, CONFIG.flavor, "abi"))

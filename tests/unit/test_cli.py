@@ -17,7 +17,7 @@ def tfhpc(*args, **env):
 
 @pytest.mark.parametrize("args, env, message", [
     (["build"], {"STACK": "newest"}, "unknown STACK 'newest': valid values are conservative, latest"),
-    (["build", "--mpi", "mvapich"], {}, "unknown MPI 'mvapich': valid values are abi, mpich, openmpi"),
+    (["build", "--mpi", "mvapich"], {"STACK": "latest"}, "unknown MPI 'mvapich': valid values are abi, mpich, openmpi"),
     (["build", "--flavor", "tpu"], {}, "unknown FLAVOR 'tpu'"),
     (["build", "--base-source", "floppy"], {"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
      "unknown BASE_SOURCE 'floppy': valid values are auto, debootstrap, registry"),

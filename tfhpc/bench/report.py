@@ -12,8 +12,8 @@ from .stats import human_bytes
 SECTIONS = (("allreduce", "Allreduce bus bandwidth (2 ranks; in the app container, or in the SIF where it says so)"),
             ("hvdphase", "Horovod's allreduce per phase (its timeline, 2 ranks, in the app container)"),
             ("coll", "The MPI's allreduce algorithms (mpi4py, 2 ranks, in the SIF)"),
-            ("hostmpi", "Host MPI (bind model): the MPICH image on its own MPICH and on a host MPICH; the standard-ABI image "
-                        "on its own MPICH and on host MPICH, Intel MPI and Open MPI 6"),
+            ("hostmpi", "Host MPI (bind model): the MPICH image on its own MPICH and on a host MPICH; the standard-ABI "
+                        "image on its own MPICH and on host MPICH, Intel MPI and Open MPI 6"),
             ("train", "Training throughput (synthetic benchmark, small CNN, batch 32 per worker, 1 thread each)"),
             ("startup", "Start-up: `import tensorflow, horovod.tensorflow`"),
             ("footprint", "Footprint"), ("build", "Build"))

@@ -1,4 +1,5 @@
 """Checks of the mpi layer, run on mpi and every image built on it."""
+import itertools
 import re
 
 import pytest
@@ -36,7 +37,8 @@ def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer
     libmpich.so.12: the name a site's MPI hook binds a host library over or puts first on LD_LIBRARY_PATH
     (containers/mpi/Dockerfile). Nothing in /opt/venv loads libmpich.so.12, not even through another library."""
     link = host.check_output("find /usr/lib -maxdepth 2 -name libmpi.so.12 -printf '%h %l\\n'").splitlines()
-    assert link == ["/usr/lib/x86_64-linux-gnu libmpich.so.12"], link
+    # Debian 12's MPICH 4.0: libmpich.so.12; Debian 13's 4.2: the full name, libmpich.so.12.4.1
+    assert len(link) == 1 and re.fullmatch(r"/usr/lib/x86_64-linux-gnu libmpich\.so\.12(\.\d+)*", link[0]), link
     # Candidates: every shared object that mentions an MPI library (patchelf may leave the old name's bytes behind).
     candidates = host.check_output("grep -rlaE --include='*.so*' 'libmpi(ch)?\\.so\\.12' /opt/venv").split()
     modules = [path for path in candidates if "/mpi4py/MPI." in path or "/horovod/tensorflow/mpi_lib" in path]
@@ -116,10 +118,13 @@ def test_the_benchmarks_forced_allreduce_algorithms_exist(host, image_layer):
             if name != "default":
                 assert numbered[env["OMPI_MCA_coll_tuned_allreduce_algorithm"]] == name
     else:
-        listed = host.check_output("mpivars")
-        line = next(l for l in listed.splitlines() if "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=" in l)
-        # "...auto - Internal ...nb - Force nonblocking algorithmsmp - Force smp algorithm...": mpivars runs the
-        # choices together, so each name follows "algorithm", ")" or a blank
+        lines = host.check_output("mpivars").splitlines()
+        start = next(i for i, line in enumerate(lines) if "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=" in line)
+        # MPICH 4.0's mpivars runs the choices together on the variable's line ("...auto - Internal ...nb - Force
+        # nonblocking algorithmsmp - Force smp algorithm..."), so a name follows "algorithm", ")" or a blank; MPICH
+        # 4.2's puts one per line after it, up to the next variable's line (which starts with a tab)
+        following = itertools.takewhile(lambda line: not line.startswith("\t"), lines[start + 1:])
+        block = "\n".join([lines[start], *following])
         assert forced
         for name in forced:
-            assert re.search(rf"(?:algorithm|[\s)]){name}\s+- Force", line), (name, line)
+            assert re.search(rf"(?:algorithm|[\s)]|^){name}\s+- Force", block, re.M), (name, block)

@@ -69,8 +69,7 @@ def _bench_image(ctx: Context, image_mpi: str) -> None:
         client().images.get(image)
     except docker.errors.ImageNotFound:
         raise RuntimeError(f"{image} is not built: run `make site-images`") from None
-    prefixes = {host: sitempi.in_containers(sitempi.install_openmpi6(manifest, config) if host == "openmpi6"
-                                            else sitempi.install(manifest, host))
+    prefixes = {host: sitempi.in_containers(sitempi.install_host(manifest, host, config))
                 for host in HOST_MPIS[image_mpi]}
     container = client().containers.run(
         image, ["sleep", "infinity"], entrypoint=[], detach=True,

@@ -22,6 +22,7 @@ import docker.errors
 
 from .common import REPO_ROOT, UserError
 from .dockerhost import client
+from .emulation import host_config
 from .imagebuild import build_image
 from .manifest import Config, Manifest
 from .rootimage import resolve_root
@@ -47,11 +48,14 @@ def helper_image_name(manifest: Manifest, config: Config) -> str:
     """One helper per apptainer version and OS release: its Open MPI (outside the SIF, for the hybrid launch
     `mpirun -np N apptainer exec ...`) must be the one inside the image, and each OS release has its own."""
     version = manifest.data["sif"]["apptainer_package_version"].replace("+", "_")
-    return f"tfhpc-sif-builder:{version}-{config.os_release}"
+    return f"tfhpc-sif-builder:{version}-{host_config(manifest, config).os_release}"
 
 
 def build_helper_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
-    """The helper image, built once per apptainer version and OS (BuildKit's cache does the rest)."""
+    """The helper image, built once per apptainer version and OS (BuildKit's cache does the rest), for this host's
+    architecture: it runs here, whatever the architecture of the image it converts (an arm64 image's programs run
+    through binfmt_misc in the build's %test, docs/arm64.md)."""
+    config = host_config(manifest, config)
     args = {"APPTAINER_PACKAGE_VERSION": manifest.data["sif"]["apptainer_package_version"],
             "OUTER_OPENMPI_VERSION": config.os["mpi"]["openmpi"]["package_version"]}
     return build_image(config, HELPER_DOCKERFILE, helper_image_name(manifest, config),

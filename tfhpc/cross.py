@@ -12,18 +12,9 @@ from __future__ import annotations
 import re
 
 from .common import REPO_ROOT, log
-from .emulation import host_machine, needs_emulation
+from .emulation import host_arch, host_machine, needs_emulation
 from .manifest import Config, Manifest
 from .rootimage import resolve_root
-
-
-def host_arch(manifest: Manifest, machine: str | None = None) -> str | None:
-    """The versions.toml architecture whose machine is this host's (x86_64: amd64), or None."""
-    machine = machine or host_machine()
-    for arch in manifest.arches:
-        if manifest.data["arches"][arch]["machine"] == machine:
-            return arch
-    return None
 
 
 def triplet(config: Config) -> str:

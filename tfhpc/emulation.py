@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from .common import UserError, log
-from .manifest import Config
+from .manifest import Config, Manifest
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 EMULATOR_PACKAGE = "qemu-user-static"
@@ -25,6 +25,22 @@ INSTALL_COMMAND = "apt-get install qemu-user-static binfmt-support"
 def host_machine() -> str:
     """What `uname -m` says on this host (x86_64, aarch64)."""
     return platform.machine()
+
+
+def host_arch(manifest: Manifest, machine: str | None = None) -> str | None:
+    """The versions.toml architecture whose machine is this host's (x86_64: amd64), or None."""
+    machine = machine or host_machine()
+    for arch in manifest.arches:
+        if manifest.data["arches"][arch]["machine"] == machine:
+            return arch
+    return None
+
+
+def host_config(manifest: Manifest, config: Config) -> Config:
+    """`config` for this host's architecture: what runs here natively beside an emulated build (the apptainer
+    helper, the cross compilers' OS root). `config` itself when the host is none of versions.toml's architectures."""
+    arch = host_arch(manifest)
+    return config if arch is None else manifest.config(config.stack, config.flavor, config.mpi, arch)
 
 
 def needs_emulation(config: Config, host: str | None = None) -> bool:

@@ -5,12 +5,15 @@ Tags come from the versions manifest through `Config` (no version is written her
   docs/publishing.md give the current one; a version written here would be a second source);
 - moving tags: the configuration's local tag (`latest-cpu-openmpi`), and the bare flavour (`cpu`) for the manifest's
   default stack and MPI.
-Docker images go to REGISTRY/tfhpc-<layer>:<tag> (docker SDK push), the SIF to oras://REGISTRY/tfhpc-<leaf>-sif:<tag>
-(`apptainer push`), signed on the way with SIGN_KEY when one is given.
-
-Beside the SIF go, with ORAS, every image's CycloneDX SBOM (build/sbom/) as oras://REGISTRY/tfhpc-<leaf>-sif:<tag>-sbom
-and the provenance statements of the images and of the pushed SIF (build/provenance/, signed with SIGN_KEY when one is
-given) as :<tag>-provenance.
+Every architecture of versions.toml whose images of this configuration are built is published (`make image ARCH=arm64`
+and `make sif ARCH=arm64` beside the default build add linux/arm64), each under tags of its own, and every tag above
+is an OCI image index over them (tfhpc/imageindex.py), so that one name serves amd64 and GH200 (arm64) nodes:
+- images: REGISTRY/tfhpc-<layer>:<versioned tag>-<arch> (docker SDK push), and :<tag> the index;
+- the SIF: oras://REGISTRY/tfhpc-<leaf>-sif:<tag>-<arch> (`apptainer push`, signed on the way with SIGN_KEY when one
+  is given), and :<tag> the index (Apptainer 1.5 picks its platform from it, 1.4 always the amd64 SIF);
+- beside each SIF, with ORAS, its images' CycloneDX SBOMs (build/sbom/) as :<tag>-<arch>-sbom and the provenance
+  statements of its images and of the pushed SIF (build/provenance/, signed with SIGN_KEY when one is given) as
+  :<tag>-<arch>-provenance.
 
 Nothing is half-published as done: every check (REGISTRY given and reachable, every image built, the SIF up to date
 with the image, the helper that carries apptainer) runs before the first push; the versioned tags are pushed first
@@ -32,6 +35,7 @@ import requests
 from .apptainer import Apptainer, scratch_dir
 from .common import REPO_ROOT, UserError, log, sha256_file, write_atomically
 from .dockerhost import client
+from .imageindex import IndexWriter, platform
 from .manifest import IMAGE_PREFIX, Config, Manifest, upstream_version
 from .provenance import IMAGES_JSON
 from .sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE, file_name, sbom_path
@@ -64,7 +68,7 @@ def version_tag(config: Config) -> str:
 
 def moving_tags(manifest: Manifest, config: Config) -> list[str]:
     """Tags that move to the newest build: the configuration's tag, and the flavour alone for the default stack/MPI."""
-    tags = [config.tag]
+    tags = [config.tag.removesuffix(config.arch_suffix)]  # one tag for every architecture (an index)
     if config.stack == manifest.data["default_stack"] and config.mpi == manifest.data["default_mpi"]:
         tags.append(config.flavor)
     return tags
@@ -81,15 +85,29 @@ def parse_registry(registry: str | None) -> str:
 
 @dataclass(frozen=True)
 class Plan:
+    """What `make push` publishes of one architecture."""
+    config: Config
     registry: str
     scheme: str  # how the registry answered: "https" or "http" (plain HTTP: apptainer needs --no-https)
     images: dict[str, str]  # local image -> registry repository (without tag)
     sif: Path
     sif_repository: str  # oras:// reference without tag
-    tags: list[str]  # versioned tag(s) first, moving tags after
+    tags: list[str]  # versioned tag(s) first, moving tags after: the images' indexes, for every architecture
 
-    def refs(self, repository: str) -> list[str]:
-        return [f"{repository}:{tag}" for tag in self.tags]
+    @property
+    def arch_tag(self) -> str:
+        """The tag of this architecture's images, which the indexes name: `<versioned tag>-<arch>`."""
+        return f"{self.tags[0]}-{self.config.arch}"
+
+    @property
+    def sif_tags(self) -> list[str]:
+        """The SIF's tags, `<tag>-<arch>` for every tag: a SIF is one architecture's file. Each `<tag>` is an index
+        over them, which Apptainer 1.5 resolves by platform; 1.4 takes its linux/amd64 entry whatever the host
+        (apptainer/apptainer#3345), so an arm64 node of 1.4 names `<tag>-arm64` (docs/publishing.md)."""
+        return [f"{tag}-{self.config.arch}" for tag in self.tags]
+
+    def sif_refs(self) -> list[str]:
+        return [f"oras://{self.sif_repository}:{tag}" for tag in self.sif_tags]
 
 
 def uses_proxy(host: str) -> bool:
@@ -159,7 +177,8 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
     if not sif.is_file():
         raise UserError(f"{sif.relative_to(REPO_ROOT)} is missing: run `make sif` first; nothing was pushed")
     record = _recorded_sif(sif)
-    if record.get("image_id") != engine.images.get(config.image(leaf)).id or record.get("size_bytes") != sif.stat().st_size:
+    if (record.get("image_id") != engine.images.get(config.image(leaf)).id
+            or record.get("size_bytes") != sif.stat().st_size):
         raise UserError(f"{sif.relative_to(REPO_ROOT)} was not made from the current {config.image(leaf)}: "
                         "run `make sif` first; nothing was pushed")
     check_records(config, list(images), sif)
@@ -169,7 +188,35 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
         raise UserError(f"{error}; nothing was pushed") from None
     scheme = probe_registry(registry)
     tags = [version_tag(config), *moving_tags(manifest, config)]
-    return Plan(registry, scheme, images, sif, f"{registry}/{IMAGE_PREFIX}-{leaf}{SIF_REPOSITORY_SUFFIX}", tags)
+    return Plan(config, registry, scheme, images, sif, f"{registry}/{IMAGE_PREFIX}-{leaf}{SIF_REPOSITORY_SUFFIX}",
+                tags)
+
+
+def built_arches(manifest: Manifest, config: Config) -> list[Config]:
+    """The configuration in every architecture whose leaf image is built, the default architecture first: `make push`
+    publishes them together (one index per tag). One-line error when none is built."""
+    order = sorted(manifest.arches, key=lambda arch: arch != manifest.data["default_arch"])
+    configs = [manifest.config(config.stack, config.flavor, config.mpi, arch) for arch in order]
+    built = []
+    for candidate in configs:
+        try:
+            client().images.get(candidate.image(manifest.layers.leaf))
+        except docker.errors.ImageNotFound:
+            continue
+        built.append(candidate)
+    if not built:
+        raise UserError(f"{config.image(manifest.layers.leaf)} is not built: run `make image` (same "
+                        "STACK/FLAVOR/MPI) first; nothing was pushed")
+    revisions = {candidate.arch: client().images.get(candidate.image(manifest.layers.leaf)).labels.get(
+        "org.opencontainers.image.revision", "") for candidate in built}
+    if len(set(revisions.values())) > 1:
+        shown = ", ".join(f"{arch} {revision[:12] or 'no revision'}" for arch, revision in revisions.items())
+        raise UserError(f"the architectures' images are of different commits ({shown}): build them all from this "
+                        "checkout (`make image ARCH=...`) before one tag names them; nothing was pushed")
+    for arch in sorted(set(manifest.arches) - set(revisions)):
+        missing = manifest.config(config.stack, config.flavor, config.mpi, arch).image(manifest.layers.leaf)
+        log(f"{arch}: not built ({missing}), not published: `make image ARCH={arch} && make sif ARCH={arch}` adds it")
+    return built
 
 
 
@@ -230,90 +277,138 @@ def _oras_push(reference: str, files: dict[Path, str], plain_http: bool) -> str:
     return answer.headers.get("Docker-Content-Digest", "")
 
 
+def _sif_workdir(workdir: Path, arch: str) -> Path:
+    """One directory per architecture in the push's scratch: the SIF's copy, the key's copies, its statements."""
+    own = workdir / arch
+    own.mkdir()
+    own.chmod(0o777)  # the helper's user writes apptainer's files here
+    for key in ("sign-key.pem", "sign-key.pub"):
+        if (workdir / key).is_file():
+            shutil.copyfile(workdir / key, own / key)
+            (own / key).chmod(0o644)
+    return own
+
+
+def _push_sif(plan: Plan, runtime: Apptainer, sign_key: Path | None, workdir: Path, tag_index: int,
+              signed: Path | None = None) -> tuple[dict, dict, Path]:
+    """Push one architecture's SIF as <tag>-<arch> of plans' tags[tag_index] (the first time signed on the way with
+    `sign_key`; later pushes give the `signed` copy), then its SBOMs and provenance beside it (<tag>-<arch>-sbom,
+    -provenance). Returns the attestations' references, the files and the pushed copy of the SIF."""
+    config, plain_http = plan.config, plan.scheme == "http"
+    reference = plan.sif_refs()[tag_index]
+    if signed is None:
+        workdir = _sif_workdir(workdir, config.arch)
+        signed = workdir / plan.sif.name
+        shutil.copyfile(plan.sif, signed)
+        signed.chmod(0o666)
+        log(f"pushing {plan.sif.name} as {reference}" + (" (signed with SIGN_KEY)" if sign_key else ""))
+        if sign_key is not None:
+            runtime.sign(signed, workdir / "sign-key.pem", workdir)
+            runtime.verify(signed, workdir / "sign-key.pub", workdir)
+    runtime.push(signed, reference, signed.parent, plain_http)
+    attestations = attestation_files(config, plan, signed, sign_key, signed.parent) if tag_index == 0 else None
+    return reference, attestations, signed
+
+
 def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Path | None = None) -> dict:
+    """Publish every built architecture of the configuration (tfhpc/imageindex.py): each one's images under
+    `<versioned tag>-<arch>` and its SIF, SBOMs and provenance under `<tag>-<arch>` for every tag; then each tag as
+    an index over the architectures, for every image and for the SIF."""
     if sign_key is not None and not sign_key.is_file():
         raise UserError(f"SIGN_KEY={sign_key}: no such file: give a PEM private key "
                         "(openssl genpkey -algorithm RSA); nothing was pushed")
-    plan = make_plan(manifest, config, registry)
+    parse_registry(registry)  # before anything else: its error is the one a bare `make push` meets
+    configs = built_arches(manifest, config)
+    plans = [make_plan(manifest, built, registry) for built in configs]
+    first = plans[0]
+    tags, plain_http = first.tags, first.scheme == "http"
+    log(f"publishing {', '.join(built.platform for built in configs)} under {', '.join(tags)}")
     engine = client()
     runtime = Apptainer.for_config(manifest, config, build=False)
-    plain_http = plan.scheme == "http"
+    indexes = IndexWriter(first.registry, plain_http, uses_proxy(first.registry.split("/", 1)[0]))
     aliases: list[tuple[str, str]] = []
-    published = {"registry": plan.registry, "scheme": plan.scheme, "stack": config.stack, "flavor": config.flavor,
-                 "mpi": config.mpi, "tags": plan.tags, "images": {}, "sif": {}}
+    published = {"registry": first.registry, "scheme": first.scheme, "stack": config.stack, "flavor": config.flavor,
+                 "mpi": config.mpi, "tags": tags, "platforms": [built.platform for built in configs], "images": {},
+                 "indexes": {}, "sif": {}}
     PUBLISHED_JSON.parent.mkdir(parents=True, exist_ok=True)
     with scratch_dir(PUBLISHED_JSON.parent, ".push-") as workdir:
-        sif = workdir / plan.sif.name
-        shutil.copyfile(plan.sif, sif)
-        sif.chmod(0o666)
         public_key = None
         if sign_key is not None:
             # Signed here rather than at `make sif`, so that a CI hands the key to the publishing job only.
             shutil.copyfile(sign_key, workdir / "sign-key.pem")
             (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches scratch_dir
+            public_key = runtime.public_key(workdir / "sign-key.pem", workdir)
+            shutil.copyfile(public_key, workdir / "sign-key.pub")
+        entries: dict[str, list[dict]] = {}  # registry repository -> the entries of its indexes
         try:
-            # 1. versioned tags of every image (parents first), then of the SIF
-            for local, repository in plan.images.items():
-                reference = f"{repository}:{plan.tags[0]}"
-                engine.images.get(local).tag(repository, plan.tags[0])
-                aliases.append((repository, plan.tags[0]))
-                log(f"pushing {local} as {reference}")
-                published["images"][reference] = {"image": local, "digest": _docker_push(reference),
-                                                  "image_id": engine.images.get(local).id}
-            sif_refs = [f"oras://{ref}" for ref in plan.refs(plan.sif_repository)]
-            log(f"pushing {plan.sif.name} as {sif_refs[0]}" + (" (signed with SIGN_KEY)" if sign_key else ""))
-            try:
-                if sign_key is not None:
-                    public_key = runtime.public_key(workdir / "sign-key.pem", workdir)
-                    runtime.sign(sif, workdir / "sign-key.pem", workdir)
-                    runtime.verify(sif, public_key, workdir)
-                runtime.push(sif, sif_refs[0], workdir, plain_http)
-            except UserError as error:
-                raise UserError(f"{error}; moving tags were not updated and build/published.json was not "
-                                "written") from None
-            published["sif"] = {"file": str(plan.sif.relative_to(REPO_ROOT)), "sha256": sha256_file(sif),
-                                "size_bytes": sif.stat().st_size, "signed": sign_key is not None,
-                                "references": [sif_refs[0]]}
-            # SBOMs and provenance beside the SIF: <sif repository>:<tag>-sbom and :<tag>-provenance
-            attestations = attestation_files(config, plan, sif, sign_key, workdir)
-            for kind, files in attestations.items():
-                reference = f"{plan.sif_repository}:{plan.tags[0]}-{kind}"
-                log(f"pushing {len(files)} {kind} files as oras://{reference}")
-                published[kind] = {"references": [f"oras://{reference}"],
-                                   "digest": _oras_push(reference, files, plain_http),
-                                   "files": {path.name: sha256_file(path) for path in files}}
-            if sign_key is not None:
+            # 1. every architecture's images (parents first) under <versioned tag>-<arch>
+            for plan in plans:
+                for local, repository in plan.images.items():
+                    reference = f"{repository}:{plan.arch_tag}"
+                    engine.images.get(local).tag(repository, plan.arch_tag)
+                    aliases.append((repository, plan.arch_tag))
+                    log(f"pushing {local} as {reference}")
+                    attrs = engine.images.get(local).attrs
+                    published["images"][reference] = {"image": local, "digest": _docker_push(reference),
+                                                      "image_id": attrs["Id"], "platform": plan.config.platform}
+                    entries.setdefault(repository, []).append(
+                        indexes.entry(repository, plan.arch_tag, platform(attrs["Os"], attrs["Architecture"])))
+            # 2. every architecture's SIF as <versioned tag>-<arch>, its SBOMs and provenance beside it
+            attestations, copies = {}, {}
+            for plan in plans:
+                arch = plan.config.arch
+                try:
+                    reference, attestations[arch], copies[arch] = _push_sif(plan, runtime, sign_key, workdir, 0)
+                except UserError as error:
+                    raise UserError(f"{error}; moving tags were not updated and build/published.json was not "
+                                    "written") from None
+                published["sif"][arch] = {"file": str(plan.sif.relative_to(REPO_ROOT)),
+                                          "sha256": sha256_file(copies[arch]), "platform": plan.config.platform,
+                                          "size_bytes": copies[arch].stat().st_size, "signed": sign_key is not None,
+                                          "references": [reference]}
+                for kind, files in attestations[arch].items():
+                    attestation = f"{plan.sif_repository}:{plan.sif_tags[0]}-{kind}"
+                    log(f"pushing {len(files)} {kind} files as oras://{attestation}")
+                    published["sif"][arch][kind] = {"references": [f"oras://{attestation}"],
+                                                    "digest": _oras_push(attestation, files, plain_http),
+                                                    "files": {path.name: sha256_file(path) for path in files}}
+                entries.setdefault(plan.sif_repository, []).append(
+                    indexes.entry(plan.sif_repository, plan.sif_tags[0], platform("linux", arch)))
+            # 3. the versioned tag: one index per repository over the architectures
+            for repository, listed in entries.items():
+                published["indexes"][f"{repository}:{tags[0]}"] = {
+                    "digest": indexes.put(repository, tags[0], listed),
+                    "manifests": [entry["digest"] for entry in listed]}
+            if public_key is not None:
                 # The public key to hand to the sites, beside the record.
-                public = PUBLISHED_JSON.with_name(f"{plan.sif.stem}.pub")
+                public = PUBLISHED_JSON.with_name(f"{first.sif.stem}.pub")
                 shutil.copyfile(public_key, public.with_suffix(".pub.partial"))
                 os.replace(public.with_suffix(".pub.partial"), public)  # whole or not at all
-                published["sif"]["public_key"] = _shown(public)
-            # 2. only now the moving tags, which sites follow. A registry cannot move several tags at once: if a
+                for record in published["sif"].values():
+                    record["public_key"] = _shown(public)
+            # 4. only now the moving tags, which sites follow. A registry cannot move several tags at once: if a
             # push fails here, the error names the tags already moved, and `make push` again moves the rest.
             moved: list[str] = []
             try:
-                for tag in plan.tags[1:]:
-                    for local, repository in plan.images.items():
-                        engine.images.get(local).tag(repository, tag)
-                        aliases.append((repository, tag))
-                        reference = f"{repository}:{tag}"
-                        log(f"pushing {local} as {reference}")
-                        published["images"][reference] = {"image": local, "digest": _docker_push(reference),
-                                                          "image_id": engine.images.get(local).id}
+                for position, tag in enumerate(tags[1:], start=1):
+                    for plan in plans:
+                        arch, record = plan.config.arch, published["sif"][plan.config.arch]
+                        try:
+                            reference, _, _ = _push_sif(plan, runtime, sign_key, workdir, position, copies[arch])
+                        except UserError as error:
+                            raise UserError(f"{error}; moving tags were not updated") from None
+                        record["references"].append(reference)
                         moved.append(reference)
-                for reference in sif_refs[1:]:
-                    try:
-                        runtime.push(sif, reference, workdir, plain_http)
-                    except UserError as error:
-                        raise UserError(f"{error}; moving tags were not updated") from None
-                    moved.append(reference)
-                published["sif"]["references"] = sif_refs
-                for tag in plan.tags[1:]:
-                    for kind, files in attestations.items():
-                        reference = f"{plan.sif_repository}:{tag}-{kind}"
-                        _oras_push(reference, files, plain_http)
-                        published[kind]["references"].append(f"oras://{reference}")
-                        moved.append(f"oras://{reference}")
+                        for kind, files in attestations[arch].items():
+                            attestation = f"{plan.sif_repository}:{plan.sif_tags[position]}-{kind}"
+                            _oras_push(attestation, files, plain_http)
+                            record[kind]["references"].append(f"oras://{attestation}")
+                            moved.append(f"oras://{attestation}")
+                    for repository, listed in entries.items():
+                        published["indexes"][f"{repository}:{tag}"] = {
+                            "digest": indexes.put(repository, tag, listed),
+                            "manifests": [entry["digest"] for entry in listed]}
+                        moved.append(f"{repository}:{tag}")
             except UserError as error:
                 raise UserError(str(error).replace(
                     "moving tags were not updated",
@@ -330,6 +425,6 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
     partial = PUBLISHED_JSON.with_suffix(".json.partial")
     partial.write_text(json.dumps(published, indent=2) + "\n")
     os.replace(partial, PUBLISHED_JSON)
-    log(f"published {len(published['images'])} image tags and {len(published['sif']['references'])} SIF tags "
-        f"to {plan.registry}; record: {_shown(PUBLISHED_JSON)}")
+    log(f"published {', '.join(published['platforms'])}: {len(published['images'])} images, {len(published['sif'])} "
+        f"SIFs, {len(published['indexes'])} indexes to {first.registry}; record: {_shown(PUBLISHED_JSON)}")
     return published

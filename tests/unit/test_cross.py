@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from tfhpc import REPO_ROOT, cross, imagebuild
+from tfhpc import REPO_ROOT, cross, emulation, imagebuild
 from tfhpc.manifest import Manifest
 
 CROSS_ENV = REPO_ROOT / "containers" / "cross" / "cross-env"
@@ -17,9 +17,9 @@ def manifest():
 
 
 def test_the_host_architecture_is_found_by_its_machine(manifest):
-    assert cross.host_arch(manifest, "x86_64") == "amd64"
-    assert cross.host_arch(manifest, "aarch64") == "arm64"
-    assert cross.host_arch(manifest, "riscv64") is None
+    assert emulation.host_arch(manifest, "x86_64") == "amd64"
+    assert emulation.host_arch(manifest, "aarch64") == "arm64"
+    assert emulation.host_arch(manifest, "riscv64") is None
 
 
 def test_an_arm64_build_on_x86_64_gets_the_hosts_root_and_the_triplet(monkeypatch, manifest):

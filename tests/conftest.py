@@ -78,22 +78,26 @@ def cpu_times() -> tuple[int, int] | None:
 def pytest_sessionstart(session):
     """Before any test (in the one process that starts the workers): the CPU times the summary compares with, and
     enough free disk where the image tests write (build/ and the docker data root), else one line naming the fix; a
-    full disk half-way fails unrelated tests with ENOSPC an hour later. Runs that select only tests/unit need no disk."""
+    full disk half-way fails unrelated tests with ENOSPC an hour later. Runs of tests/unit alone need no disk."""
     config = session.config
     config._tfhpc_cpu_times = cpu_times()
     unit = REPO_ROOT / "tests" / "unit"
-    if hasattr(config, "workerinput") or all(
-            Path(config.invocation_params.dir, arg.split("::")[0]).resolve().is_relative_to(unit) for arg in config.args):
+    selected = [Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args]
+    if hasattr(config, "workerinput") or all(path.is_relative_to(unit) for path in selected):
         return
+    from tfhpc import UserError
     from tfhpc.dockerhost import client
-    places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    try:
+        places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    except UserError as error:
+        raise pytest.UsageError(str(error)) from None
     for path, what in places.items():
         while not path.exists():
             path = path.parent
         free = shutil.disk_usage(path).free / 2**30
         if free < MIN_FREE_GB:
-            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} GB: "
-                                    "run `make clean` (or `docker builder prune`) first")
+            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} "
+                                    "GB: run `make clean` (or `docker builder prune`) first")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -120,13 +124,13 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "time per test directory")
     for directory, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {counts.get(directory, 0):4d} tests  {directory}")
-    terminalreporter.write_line(f"{sum(totals.values()):8.1f} s  {sum(counts.values()):4d} tests  in all (with two "
-                                "workers, more than the wall time)")
+    terminalreporter.write_line(f"{sum(totals.values()):8.1f} s  {sum(counts.values()):4d} tests  in all (the tests' "
+                                "own times: with workers, more than the wall time)")
     started = getattr(terminalreporter.config, "_tfhpc_cpu_times", None)
     if started:
         busy, total = (now - then for now, then in zip(cpu_times(), started))
-        terminalreporter.write_line(f"the machine's {os.cpu_count()} cores were {100 * busy / total:.0f}% busy during the "
-                                    "run (/proc/stat; the idle rest is what more overlap of the tests could use)")
+        terminalreporter.write_line(f"the machine's {os.cpu_count()} cores were {100 * busy / total:.0f}% busy during "
+                                    "the run (/proc/stat; the idle rest is what more overlap of the tests could use)")
     output = Path(terminalreporter.config.rootpath) / "build" / "test-durations.json"
     output.parent.mkdir(exist_ok=True)
     output.write_text(json.dumps(durations, indent=0, sort_keys=True) + "\n")

@@ -8,6 +8,7 @@ directory whose tests talk to the engine (images, publish, runtimes).
 tests fill those waits (docs/testing.md#two-workers). A work unit runs on one worker, whole: a module, or a directory
 whose fixtures are shared between its modules (package or session scope). The longest units start first."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -52,42 +53,58 @@ def work_unit(nodeid: str) -> str:
     return next((directory for directory in WHOLE_DIRECTORIES if path.startswith(directory + "/")), path)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Each test's work unit as its xdist group; under workers, the units in LONGEST_FIRST order (a stable sort: the
-    order within a unit stays). A serial run keeps the collection's order."""
+    """Each test's work unit as its xdist group, before xdist's own hook reads the groups into the test ids; in an
+    xdist worker (whose collection order the scheduler keeps: --no-loadscope-reorder), the units in LONGEST_FIRST
+    order (a stable sort: the order within a unit stays). A run in one process keeps the collection's order."""
     for item in items:
         item.add_marker(pytest.mark.xdist_group(work_unit(item.nodeid)))
-    if getattr(config.option, "dist", "no") != "no":
+    if hasattr(config, "workerinput"):
         rank = {unit: index for index, unit in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """The machine's busy and total CPU time so far, in clock ticks (/proc/stat), or None where there is none."""
+    try:
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
 def pytest_sessionstart(session):
-    """Before any test (in the one process that starts the workers): enough free disk where the image tests write
-    (build/ and the docker data root), else one line naming the fix; a full disk half-way fails unrelated tests with
-    ENOSPC an hour later. Runs that select only tests/unit need neither."""
+    """Before any test (in the one process that starts the workers): the CPU times the summary compares with, and
+    enough free disk where the image tests write (build/ and the docker data root), else one line naming the fix; a
+    full disk half-way fails unrelated tests with ENOSPC an hour later. Runs of tests/unit alone need no disk."""
     config = session.config
+    config._tfhpc_cpu_times = cpu_times()
     unit = REPO_ROOT / "tests" / "unit"
-    if hasattr(config, "workerinput") or all(
-            Path(config.invocation_params.dir, arg.split("::")[0]).resolve().is_relative_to(unit) for arg in config.args):
+    selected = [Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args]
+    if hasattr(config, "workerinput") or all(path.is_relative_to(unit) for path in selected):
         return
+    from tfhpc import UserError
     from tfhpc.dockerhost import client
-    places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    try:
+        places = {REPO_ROOT / "build": "build/", Path(client().info()["DockerRootDir"]): "the docker data root"}
+    except UserError as error:
+        raise pytest.UsageError(str(error)) from None
     for path, what in places.items():
         while not path.exists():
             path = path.parent
         free = shutil.disk_usage(path).free / 2**30
         if free < MIN_FREE_GB:
-            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} GB: "
-                                    "run `make clean` (or `docker builder prune`) first")
+            raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} "
+                                    "GB: run `make clean` (or `docker builder prune`) first")
 
 
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own --durations list: the time spent in each test directory (setup, call and teardown of its
     tests, so a module fixture's start-up counts where it is used), the table docs/testing.md keeps; every test's
     times also go to build/test-durations.json (test id -> seconds of setup, call, teardown and the setup's start
-    time), to find where a directory's time goes."""
+    time), to find where a directory's time goes; last, how busy the machine's cores were over the run."""
     totals, counts, durations = {}, {}, {}
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -96,7 +113,7 @@ def pytest_terminal_summary(terminalreporter):
             parts = Path(report.fspath).parts
             directory = "/".join(parts[:2]) if len(parts) > 2 else parts[0]
             totals[directory] = totals.get(directory, 0.0) + report.duration
-            times = durations.setdefault(report.nodeid, {})
+            times = durations.setdefault(report.nodeid.split("@tests/")[0], {})  # without xdist's "@<group>"
             times[report.when] = round(report.duration, 2)
             if report.when == "setup":
                 times["start"] = round(report.start, 1)  # epoch seconds: to line a test up with the machine's load
@@ -107,7 +124,13 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "time per test directory")
     for directory, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f} s  {counts.get(directory, 0):4d} tests  {directory}")
-    terminalreporter.write_line(f"{sum(totals.values()):8.1f} s  {sum(counts.values()):4d} tests  in all")
+    terminalreporter.write_line(f"{sum(totals.values()):8.1f} s  {sum(counts.values()):4d} tests  in all (the tests' "
+                                "own times: with workers, more than the wall time)")
+    started = getattr(terminalreporter.config, "_tfhpc_cpu_times", None)
+    if started:
+        busy, total = (now - then for now, then in zip(cpu_times(), started))
+        terminalreporter.write_line(f"the machine's {os.cpu_count()} cores were {100 * busy / total:.0f}% busy during "
+                                    "the run (/proc/stat; the idle rest is what more overlap of the tests could use)")
     output = Path(terminalreporter.config.rootpath) / "build" / "test-durations.json"
     output.parent.mkdir(exist_ok=True)
     output.write_text(json.dumps(durations, indent=0, sort_keys=True) + "\n")

@@ -6,9 +6,11 @@
 - enroot/pyxis squashfs (`make sqsh`): listed with unsquashfs and mounted with squashfuse in the apptainer helper
   image, then run chrooted as uid 1000 the way `enroot start` and pyxis do.
 Everything is created under build/runtimes/session-<pid>/ and removed when the directory's tests are done (package
-scope: its gigabytes do not outlive them), also on failure; every container carries the label io.tfhpc.test-runtime=<pid>:<purpose>. Leftovers of a killed run (its pid gone) are removed first.
+scope: its gigabytes do not outlive them), also on failure; every container carries the label
+io.tfhpc.test-runtime=<pid>:<purpose>. Leftovers of a killed run (its pid gone) are removed first.
 The tools are never installed here: a missing one fails its test with the install command.
 """
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from runtimes.runtime_helpers import LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in, user_environment
+from runtimes.runtime_helpers import (LABEL, SESSION, WORK_ROOT, label, podman_base, podman_runroot, run_in,
+                                      user_environment)
 from support.ch_images import directory_image
 from support.markers import mark_directory
 from support.stack import CONFIG, LEAF, MANIFEST
@@ -109,10 +112,12 @@ def podman_image(docker_client, app_image, work_dir):
         load = subprocess.Popen([*podman_base(store), "load"], stdin=subprocess.PIPE, stdout=output,
                                 stderr=subprocess.STDOUT)
         try:
-            for chunk in app_image.save(named=True, chunk_size=1 << 20):
-                load.stdin.write(chunk)
+            with contextlib.suppress(BrokenPipeError):  # podman stopped reading: its status and output say why
+                for chunk in app_image.save(named=True, chunk_size=1 << 20):
+                    load.stdin.write(chunk)
         finally:
-            load.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                load.stdin.close()
             status = load.wait(timeout=900)
         output.seek(0)
         printed = output.read().decode(errors="replace")

@@ -91,8 +91,10 @@ test-cluster: sif ## multi-node tests only: 2 containers as nodes (ssh, MPI, Glo
 test-images: image ## tooling and image tests only (no SIF, no cluster): the GPU flavour's suite is `make test-images FLAVOR=gpu`
 	$(PYTHON) -m pytest tests/unit tests/images $(PYTEST_ARGS)
 
-test-arm64: venv ## the arm64 images under emulation (aarch64, TF, mpi4py, Horovod as far as built); not in `make test`
-	ARCH=$(or $(ARCH),arm64) $(PYTHON) -m pytest tests/arm64 $(PYTEST_ARGS)
+test-arm64: venv ## build both architectures' images and SIFs if needed, then the arm64 checks under emulation (not in `make test`)
+	$(MAKE) sif ARCH=amd64
+	$(MAKE) sif ARCH=arm64
+	ARCH=arm64 $(PYTHON) -m pytest tests/arm64 $(PYTEST_ARGS)
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

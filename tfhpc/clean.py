@@ -12,7 +12,7 @@ from .dockerhost import client
 from .manifest import IMAGE_PREFIX
 
 # The labels the tests put on what they start: every container and network of a test cluster
-# (tests/cluster/harness.py), the publishing tests' registry (tests/publish/conftest.py), the runtime tests'
+# (tests/cluster/harness.py), the publishing tests' registry (tests/support/registry.py), the runtime tests'
 # containers (tests/runtimes/runtime_helpers.py).
 TEST_LABELS = ("io.tfhpc.test-cluster", "io.tfhpc.test-registry", "io.tfhpc.test-runtime")
 

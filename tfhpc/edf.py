@@ -72,13 +72,25 @@ def edf_data(config: Config, image: str, mounts=DEFAULT_MOUNTS, workdir: str = D
     return data
 
 
-def header(config: Config, path: Path) -> str:
+def platform_note(config: Config, from_registry: bool) -> str:
+    """Which of Alps' nodes the image entry fits: a pushed tag is an index over every published architecture
+    (tfhpc/imageindex.py), which enroot resolves for the node; a squashfs is one architecture's."""
+    if from_registry:
+        return ("The tag is an index over the published platforms: GH200 nodes (aarch64) take linux/arm64, "
+                "x86 nodes linux/amd64.")
+    if config.machine == "aarch64":
+        return f"The squashfs is {config.platform}: for Alps' GH200 nodes."
+    return (f"The squashfs is {config.platform}: for x86 nodes; Alps' GH200 nodes need "
+            "`make sqsh edf ARCH=arm64` (docs/arm64.md).")
+
+
+def header(config: Config, path: Path, from_registry: bool = False) -> str:
     """Comment lines: what the file is for and how to launch with it (TOML has no other place for this)."""
     lines = [f"CSCS Container Engine environment (EDF) for {config.image('app')}, written by `make edf`.",
              f"Run (MPI {config.mpi}: srun --mpi={srun_mpi(config)}):",
              f"  srun -N2 --ntasks-per-node=1 --mpi={srun_mpi(config)} --environment={path} tfhpc-smoke-collectives",
              "Keys: eth-cscs/cscs-docs docs/software/container-engine/edf.md; hooks: resource-hook.md.",
-             "The image is linux/amd64: Alps' GH200 nodes (aarch64) need an arm64 build."]
+             platform_note(config, from_registry)]
     return "".join(f"# {line}\n" for line in lines) + "\n"
 
 
@@ -93,5 +105,5 @@ def write_edf(manifest: Manifest, config: Config, image: str | None = None, regi
         image = registry_reference(config, registry, layer) if registry else str(sqsh_path(config, layer))
     path = (output or edf_path(config, layer)).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header(config, path) + tomli_w.dumps(edf_data(config, image)))
+    path.write_text(header(config, path, from_registry="#" in image) + tomli_w.dumps(edf_data(config, image)))
     return path

@@ -193,32 +193,31 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
 
 
 def built_arches(manifest: Manifest, config: Config) -> list[Config]:
-    """The configuration in every architecture whose leaf image is built, the default architecture first: `make push`
-    publishes them together (one index per tag). One-line error when none is built."""
-    order = sorted(manifest.arches, key=lambda arch: arch != manifest.data["default_arch"])
-    configs = [manifest.config(config.stack, config.flavor, config.mpi, arch) for arch in order]
+    """The configuration in every architecture to publish, the default architecture first (make_plan then checks
+    it): the default one when its leaf image is built, and each other one whose leaf image is built and whose SIF
+    this checkout made (an image alone may be another checkout's). Their leaf images must be of one commit."""
+    default = manifest.data["default_arch"]
+    configs = [manifest.config(config.stack, config.flavor, config.mpi, arch)
+               for arch in sorted(manifest.arches, key=lambda arch: arch != default)]
+    leaf = manifest.layers.leaf
     built = []
     for candidate in configs:
         try:
-            client().images.get(candidate.image(manifest.layers.leaf))
+            image = client().images.get(candidate.image(leaf))
         except docker.errors.ImageNotFound:
-            continue
-        built.append(candidate)
+            image = None
+        if image is not None and (candidate.arch == default or sif_path(candidate, leaf).is_file()):
+            built.append((candidate, image.labels.get("org.opencontainers.image.revision", "")))
+        else:
+            log(f"{candidate.arch}: {candidate.image(leaf)} or its SIF is not built here, so not published: "
+                f"`make image ARCH={candidate.arch} && make sif ARCH={candidate.arch}` adds it")
     if not built:
-        raise UserError(f"{config.image(manifest.layers.leaf)} is not built: run `make image` (same "
-                        "STACK/FLAVOR/MPI) first; nothing was pushed")
-    revisions = {candidate.arch: client().images.get(candidate.image(manifest.layers.leaf)).labels.get(
-        "org.opencontainers.image.revision", "") for candidate in built}
-    if len(set(revisions.values())) > 1:
-        shown = ", ".join(f"{arch} {revision[:12] or 'no revision'}" for arch, revision in revisions.items())
+        return [configs[0]]  # make_plan names what is missing
+    if len({revision for _, revision in built}) > 1:
+        shown = ", ".join(f"{candidate.arch} {revision[:12] or 'no revision'}" for candidate, revision in built)
         raise UserError(f"the architectures' images are of different commits ({shown}): build them all from this "
                         "checkout (`make image ARCH=...`) before one tag names them; nothing was pushed")
-    for arch in sorted(set(manifest.arches) - set(revisions)):
-        missing = manifest.config(config.stack, config.flavor, config.mpi, arch).image(manifest.layers.leaf)
-        log(f"{arch}: not built ({missing}), not published: `make image ARCH={arch} && make sif ARCH={arch}` adds it")
-    return built
-
-
+    return [candidate for candidate, _ in built]
 
 
 def _shown(path: Path) -> str:
@@ -391,7 +390,13 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
             moved: list[str] = []
             try:
                 for position, tag in enumerate(tags[1:], start=1):
-                    for plan in plans:
+                    for repository, listed in entries.items():  # the images' indexes, parents first
+                        if repository != first.sif_repository:
+                            published["indexes"][f"{repository}:{tag}"] = {
+                                "digest": indexes.put(repository, tag, listed),
+                                "manifests": [entry["digest"] for entry in listed]}
+                            moved.append(f"{repository}:{tag}")
+                    for plan in plans:  # each architecture's SIF and its attestations, then the SIF's index
                         arch, record = plan.config.arch, published["sif"][plan.config.arch]
                         try:
                             reference, _, _ = _push_sif(plan, runtime, sign_key, workdir, position, copies[arch])
@@ -404,11 +409,11 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
                             _oras_push(attestation, files, plain_http)
                             record[kind]["references"].append(f"oras://{attestation}")
                             moved.append(f"oras://{attestation}")
-                    for repository, listed in entries.items():
-                        published["indexes"][f"{repository}:{tag}"] = {
-                            "digest": indexes.put(repository, tag, listed),
-                            "manifests": [entry["digest"] for entry in listed]}
-                        moved.append(f"{repository}:{tag}")
+                    listed = entries[first.sif_repository]
+                    published["indexes"][f"{first.sif_repository}:{tag}"] = {
+                        "digest": indexes.put(first.sif_repository, tag, listed),
+                        "manifests": [entry["digest"] for entry in listed]}
+                    moved.append(f"oras://{first.sif_repository}:{tag}")
             except UserError as error:
                 raise UserError(str(error).replace(
                     "moving tags were not updated",

@@ -2,14 +2,18 @@
 emulation (docs/arm64.md). Not part of `make test`: every program in these containers runs through qemu, many times
 slower than natively, so the suite is a focused one, not the image suite of tests/images.
 
-Each test names the lowest layer it needs and runs on the highest layer of the stack that is built, so that a stack
-built only up to tensorflow (the horovod layer's compile takes long under emulation) is still tested as far as it
-goes; what needs a missing layer is skipped, saying which. A container per module, always removed.
+`make test-arm64` builds both architectures' images and SIFs first (test_arm64_publish.py pushes both under one
+tag). Run directly (pytest tests/arm64), each image test names the lowest layer it needs and runs on the highest
+layer of the stack that is built, so that a stack built only up to tensorflow is still tested as far as it goes;
+what needs a missing layer is skipped, saying which. A container per module, always removed.
 """
+import docker.errors
 import pytest
 
 from support.containers import SCRIPTS, running, testinfra_host
 from support.markers import mark_directory
+from support.registry import registry  # noqa: F401 (fixture: test_arm64_publish.py)
+from support.sif import apptainer_container, in_sif, sif, user_host  # noqa: F401 (fixtures: test_arm64_sif.py)
 from support.stack import CONFIG, MANIFEST
 
 
@@ -22,7 +26,6 @@ def pytest_collection_modifyitems(items):
 
 def built_layers(docker_client):
     """The stack's layers whose images exist, in build order."""
-    import docker.errors
     built = []
     for layer in MANIFEST.layers.names:
         try:

@@ -1,7 +1,6 @@
 """Build mechanics on a real engine: a failed layer build (a hash mismatch against a lock among the causes) leaves the
 previous image and tag untouched, and a CA bundle given to the build reaches the RUN steps that need it but no layer,
 history entry or configuration."""
-import hashlib
 import uuid
 
 import pytest
@@ -9,14 +8,10 @@ import pytest
 from support.stack import CONFIG
 from tfhpc import UserError
 from tfhpc.imagebuild import build_image
-from tfhpc.common import default_ca_bundle, resolve_ca_bundle
+from tfhpc.common import default_ca_bundle, resolve_ca_bundle, sha256_file
 from tfhpc.lock import lock_dir, locked_packages
 
 SCRATCH_IMAGE = "tfhpc-test-scratch:build-safety"
-
-
-def sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture
@@ -50,8 +45,8 @@ def test_ca_bundle_reaches_the_build_but_no_layer(tmp_path, docker_client, base_
     dockerfile.write_text(
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nUSER root\n"
         "RUN --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_index_url "
-        f"echo '{sha256(bundle)}  /run/secrets/ca_bundle' | sha256sum -c - "
-        f"&& echo '{sha256(index_file)}  /run/secrets/pip_index_url' | sha256sum -c - "
+        f"echo '{sha256_file(bundle)}  /run/secrets/ca_bundle' | sha256sum -c - "
+        f"&& echo '{sha256_file(index_file)}  /run/secrets/pip_index_url' | sha256sum -c - "
         "&& build-pip --version > /tmp/pip-version\n")
     try:
         build_image(CONFIG, dockerfile, SCRATCH_IMAGE, CONFIG.image("base"), bundle, index_marker)

@@ -3,7 +3,6 @@ moving tag and no record, then the full publication pulled back the way a site d
 smoke test with exact values, the SIF (oras) verifies with the site's key and has the published sha256, and the SBOMs
 and signed provenance statements beside it (oras) are the built ones and verify with that key."""
 import dataclasses
-import hashlib
 import json
 import subprocess
 import sys
@@ -11,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
 from support.attestations import materials, schema_errors
 from support.collectives import check_collectives
+from support.registry import MANIFEST_TYPES, free_port
 from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from tfhpc import UserError, publish, slsa
 from tfhpc.apptainer import Apptainer
+from tfhpc.common import sha256_file
 from tfhpc.manifest import IMAGE_PREFIX
 from tfhpc.sbom import file_name, sbom_path
 from tfhpc.sif import sif_path
@@ -26,6 +26,7 @@ REPOSITORIES = {f"{IMAGE_PREFIX}-{layer}" for layer in MANIFEST.layers.names}
 SIF_REPOSITORY = f"{IMAGE_PREFIX}-{LEAF}{publish.SIF_REPOSITORY_SUFFIX}"
 TAGS = [publish.version_tag(CONFIG), *publish.moving_tags(MANIFEST, CONFIG)]
 ATTESTATION_SUFFIXES = ["", "-sbom", "-provenance"]  # the SIF's repository: the SIF, the SBOMs, the provenance
+ARCH_TAG = f"{TAGS[0]}-{CONFIG.arch}"  # this architecture's images; every tag of TAGS is an index over such tags
 
 
 @pytest.fixture
@@ -40,14 +41,6 @@ def aliases(docker_client, registry):
     return [tag for image in docker_client.images.list() for tag in image.tags if tag.startswith(registry.address)]
 
 
-def sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def test_unreachable_registry_is_one_line_and_pushes_nothing(record):
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     done = subprocess.run([sys.executable, "-m", "tfhpc", "push", "--registry", address], cwd=REPO_ROOT,
@@ -59,7 +52,7 @@ def test_unreachable_registry_is_one_line_and_pushes_nothing(record):
 
 
 def test_missing_image_is_one_line_and_pushes_nothing(registry, record):
-    unbuilt = dataclasses.replace(CONFIG, mpi="never-built")  # its locks exist (per stack x flavour), no image does  # names images that do not exist
+    unbuilt = dataclasses.replace(CONFIG, mpi="never-built")  # its locks exist (per stack x flavour), no image does
     with pytest.raises(UserError) as error:
         publish.push(MANIFEST, unbuilt, registry.address)
     message = str(error.value)
@@ -96,24 +89,24 @@ def test_failed_push_leaves_no_moving_tag_and_no_record(registry, record, monkey
     pushed = {f"{IMAGE_PREFIX}-{layer}" for layer in MANIFEST.layers.names[:2]}
     assert registry.catalog() == pushed
     for repository in pushed:
-        assert registry.tags(repository) == {TAGS[0]}
+        assert registry.tags(repository) == {ARCH_TAG}  # no index, no moving tag
     assert not record.exists() and aliases(docker_client, registry) == []
 
 
 def test_failure_while_moving_tags_names_the_tags_already_moved(registry, record, monkeypatch, docker_client):
-    """Phase 2 (moving tags) fails at the third image: the error lists exactly the moving tags that went up, so a
-    site knows what changed; no record is written."""
+    """The moving tags' phase fails at the third image's index: the error lists exactly the moving tags that went
+    up, so a site knows what changed; no record is written."""
     if len(TAGS) < 2:
         pytest.fail("versions.toml gives this configuration no moving tag: the test needs one")
-    real_push = publish._docker_push
-    failing = f"{IMAGE_PREFIX}-{MANIFEST.layers.names[2]}:{TAGS[1]}"
+    real_put = publish.IndexWriter.put
+    failing = f"{IMAGE_PREFIX}-{MANIFEST.layers.names[2]}"
 
-    def push_or_fail(reference):
-        if reference.endswith(failing):
-            raise UserError(f"pushing {reference} failed (simulated): moving tags were not updated")
-        return real_push(reference)
+    def put_or_fail(writer, repository, tag, entries):
+        if repository.endswith(failing) and tag == TAGS[1]:
+            raise UserError(f"writing the index {repository}:{tag} failed (simulated); moving tags were not updated")
+        return real_put(writer, repository, tag, entries)
 
-    monkeypatch.setattr(publish, "_docker_push", push_or_fail)
+    monkeypatch.setattr(publish.IndexWriter, "put", put_or_fail)
     with pytest.raises(UserError) as failed:
         publish.push(MANIFEST, CONFIG, registry.address)
     moved = [f"{registry.address}/{IMAGE_PREFIX}-{layer}:{TAGS[1]}" for layer in MANIFEST.layers.names[:2]]
@@ -138,21 +131,43 @@ def published(registry, keys, tmp_path_factory):
 
 
 def test_every_image_and_the_sif_carry_every_tag(published, registry, docker_client):
-    assert published["tags"] == TAGS and published["scheme"] == "http"
+    arches = [platform.split("/")[1] for platform in published["platforms"]]
+    assert CONFIG.arch in arches and published["tags"] == TAGS and published["scheme"] == "http"
     assert registry.catalog() == REPOSITORIES | {SIF_REPOSITORY}
     for repository in REPOSITORIES:
-        assert registry.tags(repository) == set(TAGS), repository
-    assert registry.tags(SIF_REPOSITORY) == {f"{tag}{kind}" for tag in TAGS for kind in ATTESTATION_SUFFIXES}
-    for repository, suffixes in [(repository, [""]) for repository in REPOSITORIES] + [(SIF_REPOSITORY,
-                                                                                       ATTESTATION_SUFFIXES)]:
-        for suffix in suffixes:
-            digests = {registry.digest(repository, f"{tag}{suffix}") for tag in TAGS}
-            assert len(digests) == 1, f"{repository}: the moving tags point elsewhere than the versioned tag"
+        assert registry.tags(repository) == set(TAGS) | {f"{TAGS[0]}-{arch}" for arch in arches}, repository
+    assert registry.tags(SIF_REPOSITORY) == set(TAGS) | {f"{tag}-{arch}{kind}" for tag in TAGS for arch in arches
+                                                         for kind in ATTESTATION_SUFFIXES}
+    for repository in REPOSITORIES | {SIF_REPOSITORY}:
+        digests = {registry.digest(repository, tag) for tag in TAGS}
+        assert len(digests) == 1, f"{repository}: the moving tags point elsewhere than the versioned tag"
+    for arch in arches:
+        for suffix in ATTESTATION_SUFFIXES:
+            digests = {registry.digest(SIF_REPOSITORY, f"{tag}-{arch}{suffix}") for tag in TAGS}
+            assert len(digests) == 1, f"{SIF_REPOSITORY} {arch}{suffix}: the moving tags point elsewhere"
     for layer in MANIFEST.layers.names:
-        reference = f"{registry.address}/{IMAGE_PREFIX}-{layer}:{TAGS[0]}"
-        assert published["images"][reference]["digest"] == registry.digest(f"{IMAGE_PREFIX}-{layer}", TAGS[0])
-    assert published["sif"]["references"] == [f"oras://{registry.address}/{SIF_REPOSITORY}:{tag}" for tag in TAGS]
+        reference = f"{registry.address}/{IMAGE_PREFIX}-{layer}:{ARCH_TAG}"
+        assert published["images"][reference]["digest"] == registry.digest(f"{IMAGE_PREFIX}-{layer}", ARCH_TAG)
+        assert published["images"][reference]["image_id"] == docker_client.images.get(CONFIG.image(layer)).id
+    assert published["sif"][CONFIG.arch]["references"] == [
+        f"oras://{registry.address}/{SIF_REPOSITORY}:{tag}-{CONFIG.arch}" for tag in TAGS]
     assert aliases(docker_client, registry) == []  # the push's handles are gone: pulls below really pull
+
+
+def test_each_tag_is_an_index_naming_every_architecture_by_digest_and_platform(published, registry):
+    arches = [platform.split("/")[1] for platform in published["platforms"]]
+    for repository, arch_tags in [(f"{IMAGE_PREFIX}-{layer}", {arch: f"{TAGS[0]}-{arch}" for arch in arches})
+                                  for layer in MANIFEST.layers.names] + [
+                                     (SIF_REPOSITORY, {arch: f"{TAGS[0]}-{arch}" for arch in arches})]:
+        answer = registry.get(f"{repository}/manifests/{TAGS[-1]}", headers={"Accept": MANIFEST_TYPES})
+        assert answer.headers["Content-Type"] == "application/vnd.oci.image.index.v1+json", repository
+        listed = answer.json()["manifests"]
+        assert [entry["platform"]["architecture"] for entry in listed] == arches, repository  # the default first
+        for entry in listed:
+            assert entry["platform"]["os"] == "linux"
+            assert entry["digest"] == registry.digest(repository, arch_tags[entry["platform"]["architecture"]])
+        assert published["indexes"][f"{registry.address}/{repository}:{TAGS[0]}"]["manifests"] == [
+            entry["digest"] for entry in listed]
 
 
 def test_pulled_image_is_the_built_one_and_passes_the_smoke_test(published, registry, docker_client):
@@ -176,21 +191,26 @@ def test_pulled_sif_verifies_with_the_site_key_and_has_the_published_sha256(publ
     workdir.chmod(0o777)  # the helper's unprivileged user writes the pulled SIFs here
     for name in ("site.pub", "other.pub"):
         (workdir / name).write_bytes((keys / name).read_bytes())
-    first, moving = published["sif"]["references"][0], published["sif"]["references"][-1]
-    # What a site runs (docs/publishing.md): pull over oras, then verify with the key it was given.
+    sif = published["sif"][CONFIG.arch]
+    first, moving = sif["references"][0], sif["references"][-1]
+    # What a site runs (docs/publishing.md): pull over oras, then verify with the key it was given. The index tag
+    # (no architecture) gives Apptainer 1.4 the amd64 entry, whatever the host (apptainer/apptainer#3345).
     runtime = Apptainer.for_config(MANIFEST, CONFIG, build=False)
     runtime.run(["apptainer", "pull", "--no-https", "pulled.sif", first], workdir, capture=True)
     runtime.run(["apptainer", "pull", "--no-https", "moving.sif", moving], workdir, capture=True)
+    runtime.run(["apptainer", "pull", "--no-https", "index.sif", first.removesuffix(f"-{CONFIG.arch}")], workdir,
+                capture=True)
     runtime.verify(workdir / "pulled.sif", workdir / "site.pub", workdir)
-    assert sha256(workdir / "pulled.sif") == sha256(workdir / "moving.sif") == published["sif"]["sha256"]
+    assert sha256_file(workdir / "pulled.sif") == sha256_file(workdir / "moving.sif") == sif["sha256"]
+    assert sha256_file(workdir / "index.sif") == published["sif"]["amd64"]["sha256"]
     with pytest.raises(UserError, match="apptainer verify failed"):
         runtime.verify(workdir / "pulled.sif", workdir / "other.pub", workdir)
     # The signature was added to a copy: the SIF of `make sif` is unchanged and still the one images.json records.
     local = sif_path(CONFIG, LEAF)
     recorded = json.loads((REPO_ROOT / "build" / "images.json").read_text())["images"][f"sif:{local.name}"]
-    assert sha256(local) == recorded["sha256"] != published["sif"]["sha256"]
-    assert published["sif"]["signed"] is True
-    assert (REPO_ROOT / published["sif"]["public_key"]).read_bytes() == (keys / "site.pub").read_bytes()
+    assert sha256_file(local) == recorded["sha256"] != sif["sha256"]
+    assert sif["signed"] is True
+    assert (REPO_ROOT / sif["public_key"]).read_bytes() == (keys / "site.pub").read_bytes()
 
 
 def pull_artifact(reference, directory):
@@ -204,9 +224,10 @@ def pull_artifact(reference, directory):
 
 
 def test_pulled_sboms_are_the_built_ones_and_valid(published, registry, tmp_path):
-    for index, reference in enumerate(published["sbom"]["references"]):
+    sboms = published["sif"][CONFIG.arch]["sbom"]
+    for index, reference in enumerate(sboms["references"]):
         pulled = pull_artifact(reference, tmp_path / str(index))
-        assert {name: sha256(path) for name, path in pulled.items()} == published["sbom"]["files"]
+        assert {name: sha256_file(path) for name, path in pulled.items()} == sboms["files"]
         assert sorted(pulled) == sorted(sbom_path(CONFIG.image(layer)).name for layer in MANIFEST.layers.names)
         for layer in MANIFEST.layers.names:
             path = pulled[sbom_path(CONFIG.image(layer)).name]
@@ -218,9 +239,10 @@ def test_pulled_provenance_verifies_with_the_site_key_and_names_what_was_publish
                                                                                    docker_client, tmp_path):
     public, other = (keys / "site.pub").read_bytes(), (keys / "other.pub").read_bytes()
     sif_statement = f"{sif_path(CONFIG, LEAF).name}.intoto.json"
-    for index, reference in enumerate(published["provenance"]["references"]):
+    provenance = published["sif"][CONFIG.arch]["provenance"]
+    for index, reference in enumerate(provenance["references"]):
         pulled = pull_artifact(reference, tmp_path / str(index))
-        assert {name: sha256(path) for name, path in pulled.items()} == published["provenance"]["files"]
+        assert {name: sha256_file(path) for name, path in pulled.items()} == provenance["files"]
         statements = sorted(name for name in pulled if name.endswith(".intoto.json"))
         assert statements == sorted([*(f"{file_name(CONFIG.image(layer))}.intoto.json"
                                        for layer in MANIFEST.layers.names), sif_statement])
@@ -235,10 +257,11 @@ def test_pulled_provenance_verifies_with_the_site_key_and_names_what_was_publish
         for layer in MANIFEST.layers.names:
             image = CONFIG.image(layer)
             statement = json.loads(pulled[f"{file_name(image)}.intoto.json"].read_text())
-            assert statement["subject"] == [{"name": image, "digest": {"sha256": docker_client.images.get(image).id[7:]}}]
+            image_id = docker_client.images.get(image).id
+            assert statement["subject"] == [{"name": image, "digest": {"sha256": image_id.removeprefix("sha256:")}}]
         statement = json.loads(pulled[sif_statement].read_text())
         assert statement["subject"] == [{"name": sif_path(CONFIG, LEAF).name,
-                                         "digest": {"sha256": published["sif"]["sha256"]}}]
+                                         "digest": {"sha256": published["sif"][CONFIG.arch]["sha256"]}}]
         assert materials(statement)[CONFIG.image(LEAF)]["digest"]["sha256"] == docker_client.images.get(
             CONFIG.image(LEAF)).id[7:]
 

@@ -97,3 +97,16 @@ def test_make_edf_command_writes_the_default_file(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out)
     assert tomllib.loads(out.read_text())["image"] == "/scratch/x.sqsh"
+
+
+@pytest.mark.parametrize("arch", MANIFEST.arches)
+def test_the_squashfs_and_the_header_are_of_the_architecture(arch, tmp_path):
+    """Alps' GH200 nodes are aarch64: ARCH=arm64 names the arm64 squashfs; a pushed tag is an index over both."""
+    config = MANIFEST.config(arch=arch)
+    text = write_edf(MANIFEST, config, output=tmp_path / "sqsh.toml").read_text()
+    assert tomllib.loads(text)["image"] == str(sqsh_path(config, "app"))
+    assert f"# The squashfs is {config.platform}: for " in text
+    assert ("GH200 nodes." in text) is (config.machine == "aarch64")
+    text = write_edf(MANIFEST, config, registry="127.0.0.1:5000", output=tmp_path / "index.toml").read_text()
+    assert tomllib.loads(text)["image"] == f"127.0.0.1:5000#tfhpc-app:{version_tag(config)}"
+    assert "# The tag is an index over the published platforms: GH200 nodes (aarch64) take linux/arm64" in text

@@ -1,46 +1,9 @@
-"""SIF tests: the app image's SIF, used the way HPC users do, as a non-root user with apptainer.
-
-Where the host has no apptainer, the tests run it in the SIF builder helper container (recipes/builder), started
-with FUSE and user-namespace permissions, the SIF directory mounted, commands run as the unprivileged user tfhpc.
-"""
+"""SIF tests: the app image's SIF, used the way HPC users do (the fixtures: tests/support/sif.py)."""
 import pytest
 
 from support.markers import mark_directory
-from support.stack import CONFIG, LEAF, MANIFEST
-from tfhpc.apptainer import helper_image_name, start_helper
-from tfhpc.sif import SIF_DIR, sif_path
+from support.sif import apptainer_container, in_sif, sif, user_host  # noqa: F401 (fixtures)
 
 
 def pytest_collection_modifyitems(items):
     mark_directory(items, __file__, pytest.mark.sif)
-
-
-@pytest.fixture(scope="session")
-def sif():
-    path = sif_path(CONFIG, LEAF)
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: run `make sif` first")
-    return path
-
-
-@pytest.fixture(scope="session")
-def apptainer_container(sif):
-    container = start_helper(helper_image_name(MANIFEST, CONFIG), ["sleep", "infinity"], {str(SIF_DIR): "/sif:ro"})
-    # The device node keeps the host's mode (often 0600): the unprivileged user needs it for squashfuse.
-    container.exec_run(["chmod", "0666", "/dev/fuse"], user="root")
-    try:
-        yield container
-    finally:
-        container.remove(force=True)
-
-
-@pytest.fixture(scope="session")
-def user_host(apptainer_container):
-    """testinfra host: the helper container, as the unprivileged user tfhpc (uid 1000)."""
-    import testinfra
-    return testinfra.get_host(f"docker://tfhpc@{apptainer_container.id}")
-
-
-@pytest.fixture(scope="session")
-def in_sif(sif):
-    return f"/sif/{sif.name}"

@@ -131,7 +131,7 @@ def test_clean_all_names_the_containers_that_keep_an_image(monkeypatch, tmp_path
 
 def test_clean_removes_what_the_tests_label():
     """`make clean` finds a killed test run's containers by the labels the test fixtures put on them."""
-    sources = {"tests/cluster/harness.py": clean.TEST_LABELS[0], "tests/publish/conftest.py": clean.TEST_LABELS[1],
+    sources = {"tests/cluster/harness.py": clean.TEST_LABELS[0], "tests/support/registry.py": clean.TEST_LABELS[1],
                "tests/runtimes/runtime_helpers.py": clean.TEST_LABELS[2]}
     for path, label in sources.items():
         assert f'"{label}"' in (REPO_ROOT / path).read_text(), f"{path} does not label its containers {label}"

@@ -1,6 +1,5 @@
 """Provenance statements without docker: their shape, their materials (commit, versions.toml, patches, locks, root
 image), signatures made here and checked by the library and by `openssl dgst` as docs/publishing.md tells sites."""
-import hashlib
 import json
 import shutil
 import subprocess
@@ -12,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from support.attestations import materials
 from support.stack import CONFIG, REPO_ROOT
 from tfhpc import UserError, slsa
+from tfhpc.common import sha256_file
 
 
 def write_key(path, key, password=None):
@@ -67,10 +67,6 @@ def test_encrypted_or_missing_key_is_a_one_line_error(tmp_path):
         slsa.sign(b"x", tmp_path / "missing.pem")
 
 
-def sha256(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def test_source_materials_are_the_commit_the_manifest_the_patches_and_every_lock(tmp_path, monkeypatch):
     (tmp_path / "locks" / "latest").mkdir(parents=True)
     (tmp_path / "locks" / "latest" / "app.txt").write_text("numpy==2.4.0 --hash=sha256:00\n")
@@ -90,7 +86,7 @@ def test_source_materials_are_the_commit_the_manifest_the_patches_and_every_lock
                                 "annotations": {"imageSourcesCommit": "b" * 12, "uncommittedImageSources": True}}
     expected = ["versions.toml", *(f"patches/{patch}" for patch in CONFIG.horovod_patches),
                 *(f"keras-patches/{patch}" for patch in CONFIG.keras_patches), "locks/base.txt", "locks/latest/app.txt"]
-    assert found == {name: {"name": name, "digest": {"sha256": sha256(tmp_path / name)}} for name in expected}
+    assert found == {name: {"name": name, "digest": {"sha256": sha256_file(tmp_path / name)}} for name in expected}
 
 
 class FakeImages:
@@ -138,10 +134,10 @@ def test_image_statement_is_an_in_toto_statement_with_slsa_provenance(monkeypatc
     assert definition["internalParameters"] == {"buildArgs": {"A": "1"}}
     found = materials(statement)
     assert found["root image"] == root and found[parent] == {"name": parent, "digest": {"sha256": "4" * 64}}
-    assert found["versions.toml"]["digest"]["sha256"] == sha256(REPO_ROOT / "versions.toml")
+    assert found["versions.toml"]["digest"]["sha256"] == sha256_file(REPO_ROOT / "versions.toml")
     [byproduct] = statement["predicate"]["runDetails"]["byproducts"]
     assert byproduct == {"name": "sbom", "uri": "versions.toml", "mediaType": "application/vnd.cyclonedx+json",
-                         "digest": {"sha256": sha256(sbom)}}
+                         "digest": {"sha256": sha256_file(sbom)}}
     assert slsa.encode(statement) == slsa.encode(slsa.image_statement(CONFIG, image, parent, root, {"A": "1"}, sbom))
 
 

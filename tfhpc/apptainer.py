@@ -75,6 +75,13 @@ def scratch_dir(parent: Path, prefix: str):
         yield workdir
 
 
+# binfmt_misc in the helper: apptainer refuses a SIF of another architecture (an arm64 SIF on an x86_64 host) unless
+# it finds the emulator's handler there (apptainer pkg/image/sif.go, machine.CompatibleWith); the kernel's handlers are
+# the host's, so mounting the file system shows them. Harmless where there is none. The command then runs as `user`.
+WITH_BINFMT_MISC = ("[ -e /proc/sys/fs/binfmt_misc/status ] "
+                    "|| mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null || true; ")
+
+
 def start_helper(image: str, command: list[str], volumes: dict[str, str], user: str = "",
                  environment: dict | None = None, working_dir: str | None = None, host_network: bool = False,
                  labels: dict[str, str] | None = None):
@@ -87,6 +94,11 @@ def start_helper(image: str, command: list[str], volumes: dict[str, str], user: 
                                          **HELPER_HOST_CONFIG)
     host_config["MaskedPaths"] = []  # systempaths=unconfined: the SDK has no keyword for these two
     host_config["ReadonlyPaths"] = []
+    if user and user != "root":  # mounted as root first, then the command as `user` (runuser keeps the environment)
+        command = ["sh", "-c", WITH_BINFMT_MISC + 'exec runuser -u "$0" -- "$@"', user, *command]
+    else:
+        command = ["sh", "-c", WITH_BINFMT_MISC + 'exec "$@"', "sh", *command]
+    user = "root"
     created = api.create_container(image, command, user=user, environment=environment or {},
                                    volumes=[dst.split(":")[0] for dst in volumes.values()], host_config=host_config,
                                    working_dir=working_dir, labels=labels or {})

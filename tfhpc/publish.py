@@ -197,8 +197,13 @@ def built_arches(manifest: Manifest, config: Config) -> list[Config]:
     it): the default one when its leaf image is built, and each other one whose leaf image is built and whose SIF
     this checkout made (an image alone may be another checkout's). Their leaf images must be of one commit."""
     default = manifest.data["default_arch"]
-    configs = [manifest.config(config.stack, config.flavor, config.mpi, arch)
-               for arch in sorted(manifest.arches, key=lambda arch: arch != default)]
+    configs = []
+    for arch in sorted(manifest.arches, key=lambda arch: arch != default):
+        try:
+            configs.append(config if arch == config.arch else manifest.config(config.stack, config.flavor,
+                                                                               config.mpi, arch))
+        except UserError:  # a configuration versions.toml does not have for that architecture
+            continue
     leaf = manifest.layers.leaf
     built = []
     for candidate in configs:
@@ -212,7 +217,7 @@ def built_arches(manifest: Manifest, config: Config) -> list[Config]:
             log(f"{candidate.arch}: {candidate.image(leaf)} or its SIF is not built here, so not published: "
                 f"`make image ARCH={candidate.arch} && make sif ARCH={candidate.arch}` adds it")
     if not built:
-        return [configs[0]]  # make_plan names what is missing
+        return [config]  # make_plan names what is missing
     if len({revision for _, revision in built}) > 1:
         shown = ", ".join(f"{candidate.arch} {revision[:12] or 'no revision'}" for candidate, revision in built)
         raise UserError(f"the architectures' images are of different commits ({shown}): build them all from this "

@@ -341,8 +341,7 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
             # Signed here rather than at `make sif`, so that a CI hands the key to the publishing job only.
             shutil.copyfile(sign_key, workdir / "sign-key.pem")
             (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches scratch_dir
-            public_key = runtime.public_key(workdir / "sign-key.pem", workdir)
-            shutil.copyfile(public_key, workdir / "sign-key.pub")
+            public_key = runtime.public_key(workdir / "sign-key.pem", workdir)  # workdir / "sign-key.pub"
         entries: dict[str, list[dict]] = {}  # registry repository -> the entries of its indexes
         try:
             # 1. every architecture's images (parents first) under <versioned tag>-<arch>

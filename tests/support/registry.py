@@ -4,7 +4,6 @@ tests/publish/registry.Dockerfile) on the host's 127.0.0.1 at a free port, remov
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import requests

@@ -294,10 +294,11 @@ def _sif_workdir(workdir: Path, arch: str) -> Path:
 
 
 def _push_sif(plan: Plan, runtime: Apptainer, sign_key: Path | None, workdir: Path, tag_index: int,
-              signed: Path | None = None) -> tuple[dict, dict, Path]:
+              signed: Path | None = None) -> tuple[str, dict | None, Path]:
     """Push one architecture's SIF as <tag>-<arch> of plans' tags[tag_index] (the first time signed on the way with
     `sign_key`; later pushes give the `signed` copy), then its SBOMs and provenance beside it (<tag>-<arch>-sbom,
-    -provenance). Returns the SIF's reference, its attestations' files (first push only, else None) and the pushed copy."""
+    -provenance). Returns the SIF's reference, its attestations' files (first push only, else None) and the pushed
+    copy."""
     config, plain_http = plan.config, plan.scheme == "http"
     reference = plan.sif_refs()[tag_index]
     if signed is None:

@@ -192,10 +192,11 @@ def make_plan(manifest: Manifest, config: Config, registry: str | None) -> Plan:
                 tags)
 
 
-def built_arches(manifest: Manifest, config: Config) -> list[Config]:
+def built_arches(manifest: Manifest, config: Config) -> tuple[list[Config], list[str]]:
     """The configuration in every architecture to publish, the default architecture first (make_plan then checks
     it): the default one when its leaf image is built, and each other one whose leaf image is built and whose SIF
-    this checkout made (an image alone may be another checkout's). Their leaf images must be of one commit."""
+    this checkout made (an image alone may be another checkout's). Their leaf images must be of one commit. Also a
+    note for each architecture left out, which push prints once every check has passed."""
     default = manifest.data["default_arch"]
     configs = []
     for arch in sorted(manifest.arches, key=lambda arch: arch != default):
@@ -205,7 +206,7 @@ def built_arches(manifest: Manifest, config: Config) -> list[Config]:
         except UserError:  # a configuration versions.toml does not have for that architecture
             continue
     leaf = manifest.layers.leaf
-    built = []
+    built, notes = [], []
     for candidate in configs:
         try:
             image = client().images.get(candidate.image(leaf))
@@ -214,15 +215,15 @@ def built_arches(manifest: Manifest, config: Config) -> list[Config]:
         if image is not None and (candidate.arch == default or sif_path(candidate, leaf).is_file()):
             built.append((candidate, image.labels.get("org.opencontainers.image.revision", "")))
         else:
-            log(f"{candidate.arch}: {candidate.image(leaf)} or its SIF is not built here, so not published: "
-                f"`make image ARCH={candidate.arch} && make sif ARCH={candidate.arch}` adds it")
+            notes.append(f"{candidate.arch}: {candidate.image(leaf)} or its SIF is not built here, so not "
+                         f"published: `make image ARCH={candidate.arch} && make sif ARCH={candidate.arch}` adds it")
     if not built:
-        return [config]  # make_plan names what is missing
+        return [config], notes  # make_plan names what is missing
     if len({revision for _, revision in built}) > 1:
         shown = ", ".join(f"{candidate.arch} {revision[:12] or 'no revision'}" for candidate, revision in built)
         raise UserError(f"the architectures' images are of different commits ({shown}): build them all from this "
                         "checkout (`make image ARCH=...`) before one tag names them; nothing was pushed")
-    return [candidate for candidate, _ in built]
+    return [candidate for candidate, _ in built], notes
 
 
 def _shown(path: Path) -> str:
@@ -323,8 +324,10 @@ def push(manifest: Manifest, config: Config, registry: str | None, sign_key: Pat
         raise UserError(f"SIGN_KEY={sign_key}: no such file: give a PEM private key "
                         "(openssl genpkey -algorithm RSA); nothing was pushed")
     parse_registry(registry)  # before anything else: its error is the one a bare `make push` meets
-    configs = built_arches(manifest, config)
+    configs, notes = built_arches(manifest, config)
     plans = [make_plan(manifest, built, registry) for built in configs]
+    for note in notes:  # after every check, so that a failing one is the only line printed
+        log(note)
     first = plans[0]
     tags, plain_http = first.tags, first.scheme == "http"
     log(f"publishing {', '.join(built.platform for built in configs)} under {', '.join(tags)}")

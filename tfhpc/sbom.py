@@ -3,7 +3,9 @@
 One generator for all: containers/app/tfhpc-sbom run by cyclonedx-bom's venv, the app Dockerfile's stage
 "sbom-tools". The app image carries its SBOM at IMAGE_SBOM (written by its last RUN) and that file is copied out; the
 layers below carry none (one there would change their image ids with every generator update), so theirs is made by
-running each image with the tools on a docker volume.
+running each image with the tools on a docker volume. Every SBOM, the merged document (cyclonedx-py checks only its
+Python part), is checked against the CycloneDX 1.6 JSON schema here, on the build host, before it is written
+(cyclonedx-python-lib's strict validator, with the schemas it ships: no network).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import docker.errors
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
 
 from .common import REPO_ROOT, UserError, write_atomically
 from .dockerhost import client
@@ -75,9 +79,20 @@ def generate(config: Config, image: str, volume: str, epoch: int) -> bytes:
                                    volumes={volume: {"bind": TOOLS_DIR, "mode": "ro"}})
 
 
+def validated(image: str, data: bytes) -> bytes:
+    """`data` when it is a valid CycloneDX 1.6 JSON document, else a one-line UserError (and nothing is written)."""
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
+    if error is not None:
+        found = error.data  # jsonschema's ValidationError: its message and where in the document
+        reason = " ".join(f"{getattr(found, 'message', found)} at {getattr(found, 'json_path', '$')}".split())[:300]
+        raise UserError(f"the SBOM of {image} is not valid CycloneDX 1.6 ({reason}): containers/app/tfhpc-sbom "
+                        "wrote it; fix it there and run `make image` again")
+    return data
+
+
 def leaf_sbom(image: str) -> Path:
     """build/sbom/<image>.cdx.json of the leaf image: the SBOM its last RUN wrote into it."""
-    return write_atomically(sbom_path(image), read_image_file(image, IMAGE_SBOM))
+    return write_atomically(sbom_path(image), validated(image, read_image_file(image, IMAGE_SBOM)))
 
 
 def generate_sboms(config: Config, epochs: dict[str, int], ca_bundle: Path | None,
@@ -85,5 +100,5 @@ def generate_sboms(config: Config, epochs: dict[str, int], ca_bundle: Path | Non
     """build/sbom/<image>.cdx.json for each image of `epochs` (image -> the SBOM's timestamp), generated with one
     tools volume for all."""
     with tools_volume(config, ca_bundle, pip_index_url) as volume:
-        return [write_atomically(sbom_path(image), generate(config, image, volume, epoch))
+        return [write_atomically(sbom_path(image), validated(image, generate(config, image, volume, epoch)))
                 for image, epoch in epochs.items()]

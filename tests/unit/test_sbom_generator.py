@@ -5,8 +5,12 @@ import importlib.machinery
 import importlib.util
 import json
 
+import pytest
+
 from support.attestations import schema_errors
 from support.stack import REPO_ROOT
+from tfhpc import sbom
+from tfhpc.common import UserError
 
 loader = importlib.machinery.SourceFileLoader("tfhpc_sbom", str(REPO_ROOT / "containers" / "app" / "tfhpc-sbom"))
 spec = importlib.util.spec_from_loader("tfhpc_sbom", loader)
@@ -109,3 +113,21 @@ def test_merged_bom_is_valid_cyclonedx_and_a_broken_one_is_not():
     broken = copy.deepcopy(bom)
     broken["components"][0]["type"] = "wheel"  # not a CycloneDX component type
     assert schema_errors(json.dumps(broken)) is not None
+
+
+def test_the_build_host_writes_a_valid_sbom_and_refuses_a_broken_one_in_one_line(monkeypatch, tmp_path):
+    """tfhpc/sbom.py checks every merged SBOM where it writes it: a valid one is written whole, a broken one is a
+    one-line error naming the generator, and no file is left."""
+    monkeypatch.setattr(sbom, "SBOM_DIR", tmp_path)
+    monkeypatch.setattr(sbom, "read_image_file", lambda image, path: json.dumps(merged()).encode())
+    assert json.loads(sbom.leaf_sbom(IMAGE).read_text()) == merged()
+    broken = copy.deepcopy(merged())
+    broken["components"][0]["type"] = "wheel"
+    monkeypatch.setattr(sbom, "read_image_file", lambda image, path: json.dumps(broken).encode())
+    monkeypatch.setattr(sbom, "SBOM_DIR", tmp_path / "second")
+    with pytest.raises(UserError) as error:
+        sbom.leaf_sbom(IMAGE)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"the SBOM of {IMAGE} is not valid CycloneDX 1.6 (")
+    assert "$.components[0].type" in message and "containers/app/tfhpc-sbom" in message
+    assert not (tmp_path / "second").exists()

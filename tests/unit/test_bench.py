@@ -338,3 +338,11 @@ def test_host_mpirun_failure_carries_the_ranks_output():
     code = "import sys; print('rank says why', file=sys.stderr); sys.exit(3)"
     with pytest.raises(RuntimeError, match="rank says why"):
         context.host_mpirun("openmpi", 2, f"{sys.executable} -c {shlex.quote(code)}", ROOT_OK)
+
+
+def test_a_failed_sections_reason_keeps_the_command_and_the_last_line_that_says_something():
+    banner = ("`mpiexec -n 2 probe` exited 9: \n" + "=" * 80 + "\n=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
+              "=   RANK 1 PID 77 RUNNING AT vm\n=   KILLED BY SIGNAL: 9 (Killed)\n" + "=" * 80 + "\n")
+    assert run.failure_summary(banner) == "`mpiexec -n 2 probe` exited 9: ... =   KILLED BY SIGNAL: 9 (Killed)"
+    assert run.failure_summary("one line only") == "one line only"
+    assert run.failure_summary("=" * 80) == "" and len(run.failure_summary("x" * 1000)) == 300

@@ -34,13 +34,23 @@ from .sections.training import TRAIN_IDS, bench_training
 from .stats import unmeasured
 
 
+def failure_summary(text: str, limit: int = 300) -> str:
+    """The first line of an error (which command failed) and its last line that says something: not a rule of '='
+    or '-' such as the one MPICH's launcher closes its BAD TERMINATION banner with."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip().strip("=-")]
+    if not lines:
+        return ""
+    summary = lines[0] if len(lines) == 1 else f"{lines[0][:limit // 2]} ... {lines[-1]}"
+    return summary[:limit]
+
+
 def _attempt(ctx: Context, ids: list[tuple[str, str, str, str]], work) -> None:
     """Run `work()`; if it fails, every figure it should have produced is reported not measured, with the error."""
     try:
         work()
     except Exception as error:  # noqa: BLE001 -- one failed section must not lose the others' figures
-        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:300] if str(error).strip() else ''}"
-        log(f"bench: {reason}")
+        reason = f"{type(error).__name__}: {failure_summary(str(error))}"
+        log(f"bench: {type(error).__name__}: {str(error).strip()}")  # whole, for the log; the figures get the summary
         for id, section, label, unit in ids:
             if id not in ctx.figures:
                 ctx.add(unmeasured(id, section, label, unit, reason))

@@ -28,8 +28,13 @@ def test_a_repeated_64MB_allreduce_reuses_its_memory_through_tcmalloc(host, imag
     glibc = run_ranks(host, f"env LD_PRELOAD= mpirun -np 2 python3 -c {shlex.quote(FAULTS)}", 2)
     print(f"minor faults per 64 MB allreduce: tcmalloc {[r['faults_per_op'] for r in reports]}, "
           f"glibc {[r['faults_per_op'] for r in glibc]} ({PAGES_PER_OP} pages of 4 KB)")
-    for report in reports:
-        assert report["tcmalloc"] and report["sum_ok"], report
-        assert report["faults_per_op"] < PAGES_PER_OP / 16, report
     for report in glibc:
         assert not report["tcmalloc"] and report["sum_ok"], "LD_PRELOAD= turns tcmalloc off"
+    # How many faults a fresh tensor costs depends on the kernel (27 with tcmalloc and 8,738 with glibc on one
+    # machine, 1,255 and 25,122 on another, docs/measurements.md#memory-allocator): tcmalloc must fault in less than an
+    # eighth of the 64 MB output tensor, and less than an eighth of what glibc faults in beside it.
+    glibc_faults = min(report["faults_per_op"] for report in glibc)
+    for report in reports:
+        assert report["tcmalloc"] and report["sum_ok"], report
+        assert report["faults_per_op"] < PAGES_PER_OP / 8, report
+        assert report["faults_per_op"] < glibc_faults / 8, (report, glibc_faults)

@@ -81,13 +81,17 @@ def generate(config: Config, image: str, volume: str, epoch: int) -> bytes:
 
 def validated(image: str, data: bytes) -> bytes:
     """`data` when it is a valid CycloneDX 1.6 JSON document, else a one-line UserError (and nothing is written)."""
-    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
-    if error is not None:
+    try:
+        error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
+    except ValueError as not_json:  # json's JSONDecodeError, or bytes that are not UTF-8
+        reason = f"not JSON: {' '.join(str(not_json).split())[:200]}"
+    else:
+        if error is None:
+            return data
         found = error.data  # jsonschema's ValidationError: its message and where in the document
         reason = " ".join(f"{getattr(found, 'message', found)} at {getattr(found, 'json_path', '$')}".split())[:300]
-        raise UserError(f"the SBOM of {image} is not valid CycloneDX 1.6 ({reason}): containers/app/tfhpc-sbom "
-                        "wrote it; fix it there and run `make image` again")
-    return data
+    raise UserError(f"the SBOM of {image} is not valid CycloneDX 1.6 ({reason}): containers/app/tfhpc-sbom "
+                    "wrote it; fix it there and run `make image` again")
 
 
 def leaf_sbom(image: str) -> Path:
@@ -98,7 +102,7 @@ def leaf_sbom(image: str) -> Path:
 def generate_sboms(config: Config, epochs: dict[str, int], ca_bundle: Path | None,
                    pip_index_url: str | None) -> list[Path]:
     """build/sbom/<image>.cdx.json for each image of `epochs` (image -> the SBOM's timestamp), generated with one
-    tools volume for all."""
+    tools volume for all; every one validated before any is written."""
     with tools_volume(config, ca_bundle, pip_index_url) as volume:
-        return [write_atomically(sbom_path(image), validated(image, generate(config, image, volume, epoch)))
-                for image, epoch in epochs.items()]
+        sboms = {image: validated(image, generate(config, image, volume, epoch)) for image, epoch in epochs.items()}
+    return [write_atomically(sbom_path(image), data) for image, data in sboms.items()]

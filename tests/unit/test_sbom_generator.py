@@ -131,3 +131,8 @@ def test_the_build_host_writes_a_valid_sbom_and_refuses_a_broken_one_in_one_line
     assert "\n" not in message and message.startswith(f"the SBOM of {IMAGE} is not valid CycloneDX 1.6 (")
     assert "$.components[0].type" in message and "containers/app/tfhpc-sbom" in message
     assert not (tmp_path / "second").exists()
+    monkeypatch.setattr(sbom, "read_image_file", lambda image, path: b"tfhpc-sbom: cyclonedx-py failed")
+    with pytest.raises(UserError) as error:
+        sbom.leaf_sbom(IMAGE)
+    assert str(error.value).startswith(f"the SBOM of {IMAGE} is not valid CycloneDX 1.6 (not JSON: Expecting value")
+    assert "\n" not in str(error.value) and not (tmp_path / "second").exists()

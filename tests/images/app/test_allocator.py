@@ -31,8 +31,8 @@ def test_a_repeated_64MB_allreduce_reuses_its_memory_through_tcmalloc(host, imag
     for report in glibc:
         assert not report["tcmalloc"] and report["sum_ok"], "LD_PRELOAD= turns tcmalloc off"
     # How many faults a fresh tensor costs depends on the kernel (27 with tcmalloc and 8,738 with glibc on one
-    # machine, 1,255 and 25,122 on another, docs/measurements.md#memory-allocator): tcmalloc must fault in less than an
-    # eighth of the 64 MB output tensor, and less than an eighth of what glibc faults in beside it.
+    # machine, 1,255 and 25,122 on another: docs/measurements.md#memory-allocator-2026-11-24): tcmalloc must fault
+    # in less than an eighth of the 64 MB output tensor, and less than an eighth of what glibc faults in beside it.
     glibc_faults = min(report["faults_per_op"] for report in glibc)
     for report in reports:
         assert report["tcmalloc"] and report["sum_ok"], report

@@ -12,20 +12,23 @@ CA_BUNDLE ?=##     PEM CA bundle for apt/pip during builds only ("none" to disab
 PIP_INDEX_URL ?=## PyPI mirror for builds (a BuildKit secret for `make image`, a %post-only file for `make native-sif`)
 LAYER ?=##         last layer to build with `make image` (default: app, the leaf)
 SIGN_KEY ?=##      PEM private key: `make sif`/`make push` sign the SIF (apptainer sign --key) and the provenance
+SQUASHFS_LEVEL ?=## squashfs level of `make sif` (zstd: 1-22; default: mksquashfs's, the shipped SIF's)
+SITE_SQUASHFS_LEVEL ?= 1## `make site-images`' level: the site tests' SIFs, converted fast (same zstd, larger file)
 REGISTRY ?=##      registry for `make push`: host[:port][/namespace], e.g. 127.0.0.1:5000 or ghcr.io/org
 PYTEST_ARGS ?=##   extra pytest arguments, e.g. -k collectives
 TEST_WORKERS ?= 2## `make test`'s pytest workers (pytest-xdist; 1: one process, in collection order)
 UPGRADE ?=##       1: `make lock` resolves every package anew instead of keeping the locked versions
 NGC_IMAGE ?=##     local NGC TensorFlow image for `make bench FLAVOR=gpu`'s size goal (default: versions.toml's figure)
-QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test` runs it)
+QUICK ?=##         1: `make bench` runs its short version (~3 min, into build/bench/quick/; `make test-full` runs it)
 INSIST ?=##        1: `make bench` measures on a busy machine too (marked so) instead of waiting, then refusing
 HOROVOD_SRC ?=##   `make upstream-tests`: a Horovod git checkout to read its test suites from (default: GitHub)
 VENV ?= .venv##    host virtual environment for the tooling and tests
 
-export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY REGISTRY NGC_IMAGE HOROVOD_SRC
+export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY SQUASHFS_LEVEL REGISTRY NGC_IMAGE
+export HOROVOD_SRC
 PYTHON := $(VENV)/bin/python
 
-.PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
+.PHONY: help venv image sif recipes native-sif test test-full test-unit test-cluster test-images clean clean-all show bench
 .PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64
 
 help: ## list targets and variables
@@ -76,11 +79,17 @@ upstream-tests: image ## Horovod's own TF2/Keras suites (pinned release) on 2 ra
 show: venv ## print the resolved versions, build arguments and image names
 	$(PYTHON) -m tfhpc show
 
-test: sif site-images ## build images and SIFs if needed, then run every test: tooling, each image (+ ancestors' tests), SIF, sites
-	$(PYTHON) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
+test: sif site-images ## build images and SIFs if needed, then the `test` tier: every behaviour once (docs/testing.md)
+	TFHPC_TIER=test $(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+test-full: sif site-images ## `make test` plus the `full` tier: patch reversals, the quick bench, every layer's image, repeats
+	TFHPC_TIER=full $(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 site-images: venv ## the MPICH stack's images and SIF, and the standard-ABI stack's (MPI=abi) where the stack has one: tests/sites runs them with host MPIs
-	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do $(MAKE) sif MPI=$$mpi || exit 1; done
+	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do \
+	  $(MAKE) sif MPI=$$mpi SQUASHFS_LEVEL=$(SITE_SQUASHFS_LEVEL) || exit 1; done
 
 test-sites: sif site-images ## site tests only: host MPIs in the MPICH image (bind model), the Open MPI hybrid launch
 	$(PYTHON) -m pytest tests/sites $(PYTEST_ARGS)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from support.stack import CONFIG, MANIFEST, REPO_ROOT
+from support.tiers import TIER, check_tier, deselected_reason, patches_proven, record_proven_patches
 
 # Directories whose fixtures outlive a module: each is one work unit.
 WHOLE_DIRECTORIES = ("tests/arm64", "tests/bench", "tests/publish", "tests/runtimes", "tests/sif", "tests/sites")
@@ -53,11 +54,24 @@ def work_unit(nodeid: str) -> str:
     return next((directory for directory in WHOLE_DIRECTORIES if path.startswith(directory + "/")), path)
 
 
+def pytest_configure(config):
+    try:
+        check_tier()
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Each test's work unit as its xdist group, before xdist's own hook reads the groups into the test ids; in an
-    xdist worker (whose collection order the scheduler keeps: --no-loadscope-reorder), the units in LONGEST_FIRST
-    order (a stable sort: the order within a unit stays). A run in one process keeps the collection's order."""
+    """The tier's tests only (support/tiers.py: the others are reported as deselected). Each test's work unit as its
+    xdist group, before xdist's own hook reads the groups into the test ids; in an xdist worker (whose collection
+    order the scheduler keeps: --no-loadscope-reorder), the units in LONGEST_FIRST order (a stable sort: the order
+    within a unit stays). A run in one process keeps the collection's order."""
+    proven = patches_proven()
+    deselected = [item for item in items if deselected_reason(item, TIER, proven)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not deselected_reason(item, TIER, proven)]
     for item in items:
         item.add_marker(pytest.mark.xdist_group(work_unit(item.nodeid)))
     if hasattr(config, "workerinput"):
@@ -98,6 +112,20 @@ def pytest_sessionstart(session):
         if free < MIN_FREE_GB:
             raise pytest.UsageError(f"{free:.1f} GB free for {what} ({path}), the image tests need {MIN_FREE_GB} "
                                     "GB: run `make clean` (or `docker builder prune`) first")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A full run in which every test passed, patch reversals among them, and nothing was left out by -k, -m or a
+    path: the configuration's patch set is proven, and `make test` leaves its reversal tests to the full tier."""
+    config = session.config
+    if hasattr(config, "workerinput") or TIER != "full" or exitstatus != 0:
+        return
+    if config.option.keyword or config.option.markexpr or config.args not in ([], ["tests"]):
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    passed = reporter.stats.get("passed", []) if reporter else []
+    if any("patch_reversal" in report.keywords for report in passed):
+        record_proven_patches()
 
 
 def pytest_terminal_summary(terminalreporter):

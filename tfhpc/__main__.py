@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         ca_help="CA bundle for the helper image's build")
     sif.add_argument("--sign-key", default=os.environ.get("SIGN_KEY") or None,
                      help="PEM private key: sign the SIF with it (apptainer sign --key)")
+    sif.add_argument("--compression-level", default=os.environ.get("SQUASHFS_LEVEL") or None,
+                     help="squashfs compression level (default: mksquashfs's, the shipped SIF's)")
 
     recipes = commands.add_parser("recipes", help="write recipes/native/ (native Apptainer recipes, via spython)")
     recipes.add_argument("--check", action="store_true", help="exit 1 if the committed recipes are out of date")
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             from .sif import build_sif  # lazy: this command's module
             layer = manifest.layers.get(args.layer).name if args.layer else manifest.layers.leaf
             key = Path(args.sign_key).expanduser().resolve() if args.sign_key else None
-            print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key))
+            print(build_sif(manifest, config, layer, args.base_source, resolve_ca_bundle(args.ca_bundle), key,
+                            args.compression_level))
         elif args.command == "native-sif":
             from .nativesif import build_native  # lazy: this command's module
             for path in build_native(manifest, config, args.base_source, resolve_ca_bundle(args.ca_bundle),

@@ -3,13 +3,13 @@ versions.toml with uv (`uv pip compile --generate-hashes`) for the image's Pytho
 
 One directory per stack x flavour x architecture: locks/<stack>-<flavor>/ for the default architecture,
 locks/<stack>-<flavor>-<arch>/ for another, whose wheels and hashes differ (the MPI choice changes no Python package:
-mpi4py and Horovod are compiled against it from the same sdists), one file per layer stage that takes packages from
+mpi4py's binary wheels serve every MPI ABI but the standard one, and Horovod is compiled against the MPI from one sdist), one file per layer stage that takes packages from
 PyPI:
 
 | file | stage | what | how the Dockerfile uses it |
 |---|---|---|---|
 | mpi-build.txt | mpi builder | mpi4py's build requirements (its sdist's build backend's) | installed |
-| mpi.txt | mpi builder | the mpi4py sdist | `pip wheel --no-binary mpi4py` |
+| mpi.txt | mpi builder | mpi4py: its sdist and binary wheels | `pip download --only-binary` or `pip wheel --no-binary mpi4py` (versions.toml: mpi4py) |
 | mpi-abi.txt | mpi (MPI=abi) | PyPI's MPICH wheel: the standard-ABI MPI library | installed (only its ABI parts kept) |
 | tensorflow.txt | tensorflow | TensorFlow, tf_keras, the GPU flavour's CUDA wheels, all they need | installed |
 | horovod.txt | horovod | the Horovod sdist (built in the builder), its run-time requirements | installed |
@@ -105,7 +105,8 @@ def _core_lock_specs(config: Config, tensorflow: list[str], overrides: tuple[str
     return [
         LockSpec("mpi-build", "mpi", "mpi4py's build requirements, installed in the mpi builder stage",
                  build_requirements_of=f"mpi4py=={v['mpi4py']}"),
-        LockSpec("mpi", "mpi", "the mpi4py sdist, compiled against the image's MPI in the mpi builder stage",
+        LockSpec("mpi", "mpi", "mpi4py: its binary wheel, or its sdist compiled against the image's MPI "
+                 "(versions.toml: mpi4py)",
                  requirements=(f"mpi4py=={v['mpi4py']}",), no_deps=True),
         LockSpec("tensorflow", "tensorflow", "TensorFlow and every package it needs, installed in the tensorflow layer",
                  requirements=tuple(tensorflow), constraints=("mpi",), overrides=overrides,

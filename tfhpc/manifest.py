@@ -233,6 +233,8 @@ class Config:
             # mpi4py's MPI4PY_BUILD_MPIABI (weak MPI-4 symbols, so an older library of the same ABI loads), unless the
             # MPI cannot build it (versions.toml: mpi4py_mpiabi = false).
             "MPI4PY_BUILD_MPIABI": "1" if self.mpi_spec.get("mpi4py_mpiabi", True) else "0",
+            # mpi4py from its binary wheel or compiled from its sdist in the mpi builder stage (versions.toml: mpi4py).
+            "MPI4PY_FROM": self.mpi_spec.get("mpi4py", "sdist"),
             "TENSORFLOW_PACKAGE": self.tensorflow_package,
             "TENSORFLOW_VERSION": v["tensorflow"],
             "TF_KERAS_VERSION": v.get("tf_keras", ""),

@@ -17,6 +17,11 @@ import pytest
 from tfhpc import REPO_ROOT
 from tfhpc.bench import context, goals, idle, run
 
+# The full tier: the bench's own code is tested in tests/unit/test_bench.py, and every run it times is a run that a
+# test of the test tier makes and checks (allreduce: tests/images/horovod; training: tests/images/app; start-up:
+# tests/sif and tests/runtimes; host MPIs: tests/sites); what this adds is the figures, and figures are not checks.
+pytestmark = pytest.mark.full("the bench's code: tests/unit/test_bench.py; its runs: the image, SIF and site tests")
+
 RESULTS = context.BENCH_DIR / "quick" / "results.json"
 STARTUP_PROCESSES = 2
 # Plausible ranges per unit: a value outside is a broken measurement (a unit slip, a zero time), not a slow machine.

@@ -85,7 +85,12 @@ def wait_for_an_epoch_with(cluster, ranks, timeout=300):
     pytest.fail(f"no checkpoint of an epoch that ended with {ranks} ranks within {timeout} s")
 
 
-@pytest.fixture(scope="module", params=["train-hvd-loop", "train-hvd-fit"])
+# The custom loop's elastic run in the full tier: its elastic state and resume are tests/images/app/test_training.py's
+# (test_elastic_resumes_an_epoch_checkpoint_like_an_uninterrupted_run), the node's loss, blacklist and rejoin (the
+# launcher's, what this module proves) the Keras run's here.
+@pytest.fixture(scope="module", params=[
+    pytest.param("train-hvd-loop", marks=pytest.mark.full("elastic state: test_training.py; the launcher: train-hvd-fit")),
+    "train-hvd-fit"])
 def lost_and_back(request, elastic_cluster):
     """One elastic run in which node3 is killed and started again: (exit status, output, RESULTs, kill time,
     restart time), times as time.time() (the containers share the host's clock)."""

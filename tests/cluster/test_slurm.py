@@ -157,12 +157,18 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
 # (image MPI, host MPI): the MPICH image on the site's MPICH; the standard-ABI image, where the stack has one, on three
 # implementations: MPICH and Intel MPI (srun --mpi=pmi2) and Open MPI 6 (srun --mpi=pmix: Slurm's PMIx 5 serving
 # Open MPI 6's PMIx client).
-HOST_MPI_JOBS = [case for case in [("mpich", "mpich"), ("abi", "mpich"), ("abi", "impi-rt"), ("abi", "openmpi6")]
+FULL_TIER_JOBS = [("abi", "mpich"), ("abi", "impi-rt")]
+# The test tier runs one job per PMI plugin (pmi2: the MPICH image on MPICH; pmix: the ABI image on Open MPI 6); the ABI
+# image on MPICH and Intel MPI is the full tier's: its libraries load in tests/sites/test_abi_host_mpi.py (Docker and
+# the SIF), the job script and srun --mpi=pmi2 in the MPICH image's job.
+SAME_PATH = pytest.mark.full("the ABI image on this MPI: tests/sites; srun --mpi=pmi2 and the job script: mpich-on-mpich")
+HOST_MPI_JOBS = [pytest.param(*case, id=f"{case[0]}-on-{case[1]}", marks=[SAME_PATH] if case in FULL_TIER_JOBS else [])
+                 for case in [("mpich", "mpich"), ("abi", "mpich"), ("abi", "impi-rt"), ("abi", "openmpi6")]
                  if case[0] in CONFIG.site_test_mpis]
 SRUN_MPI = {"mpich": "pmi2", "impi-rt": "pmi2", "openmpi6": "pmix"}
 
 
-@pytest.mark.parametrize(("image_mpi", "host_mpi"), HOST_MPI_JOBS, ids=[f"{i}-on-{h}" for i, h in HOST_MPI_JOBS])
+@pytest.mark.parametrize(("image_mpi", "host_mpi"), HOST_MPI_JOBS)
 def test_host_mpi_job_runs_on_the_sites_mpi_under_srun(slurm_cluster, image_mpi, host_mpi):
     """The Cray-style bind model: srun starts the ranks of the MPICH image (its libmpi.so.12 replaced) or of the
     standard-ABI image (MPI=abi, its libmpi_abi.so.1 replaced) on the host MPI that TFHPC_HOST_MPI names: each rank

@@ -22,6 +22,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_generate_tests(metafunc):
+    """Each module of tests/images/<layer> on every image built on <layer>; the test tier keeps the leaf's
+    (support/tiers.py)."""
     if "image_layer" in metafunc.fixturenames:
         layer = Path(metafunc.definition.fspath).parent.name  # tests/images/<layer>/test_*.py
         metafunc.parametrize("image_layer", MANIFEST.layers.descendants(layer), scope="module")

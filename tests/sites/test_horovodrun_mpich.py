@@ -5,6 +5,8 @@ the installed package as symbolic links, first on PYTHONPATH), horovodrun stops 
 import shlex
 import subprocess
 
+import pytest
+
 from site_helpers import MPICH_CONFIG
 from support.collectives import check_collectives, smoke_arguments
 from support.patches import HOROVOD_PATCHES, PURELIB, REVERSE
@@ -26,6 +28,7 @@ def test_horovodrun_starts_mpich_ranks_with_exact_collectives(mpich_image):
     check_collectives(out, controller="mpi")
 
 
+@pytest.mark.patch_reversal
 def test_horovodrun_fails_on_mpich_without_the_patch(mpich_image):
     assert PATCH in MPICH_CONFIG.horovod_patches, f"{PATCH} is no longer listed: drop this test"
     rc, out = run(mpich_image, f"mkdir -p /tmp/without && cp -rs {PURELIB}/horovod /tmp/without/ && "

@@ -1,10 +1,13 @@
 """`make image` moves the stack's tags only when every layer built; proxies reach the build from the environment;
 `make clean-all` names the containers that keep images alive. The docker engine is replaced by a fake here: the
 real builds are tested in tests/images (tests/images/test_build_safety.py for a failing build)."""
+import re
+
 import pytest
 
 from tfhpc import REPO_ROOT, UserError, build, cache, clean, imagebuild
 from tfhpc.manifest import Manifest
+from tfhpc.sif import squashfs_compression
 
 
 class FakeImage:
@@ -145,3 +148,21 @@ def test_the_sif_compression_comes_from_versions_toml_and_is_checked():
     manifest.data["sif"]["squashfs_compression"] = "bzip2"
     with pytest.raises(UserError, match=r"squashfs_compression = 'bzip2' is not one of gzip, lz4, lzo, xz, zstd"):
         squashfs_compression(manifest)
+
+
+@pytest.mark.parametrize("level, expected", [(None, "zstd"), ("", "zstd"), ("1", "zstd -Xcompression-level 1"),
+                                             (22, "zstd -Xcompression-level 22")])
+def test_a_squashfs_level_is_passed_to_mksquashfs(level, expected):
+    assert squashfs_compression(Manifest(), level) == expected
+
+
+@pytest.mark.parametrize("compression, level, words", [("zstd", "0", "zstd's levels are 1-22"),
+                                                       ("zstd", "fast", "zstd's levels are 1-22"),
+                                                       ("gzip", "10", "gzip's levels are 1-9"),
+                                                       ("lz4", "1", "lz4 takes none")])
+def test_a_squashfs_level_the_compressor_does_not_take_is_one_line(compression, level, words):
+    manifest = Manifest()
+    manifest.data["sif"]["squashfs_compression"] = compression
+    with pytest.raises(UserError, match=rf"^SQUASHFS_LEVEL={level}: {re.escape(words)}") as raised:
+        squashfs_compression(manifest, level)
+    assert "\n" not in str(raised.value)

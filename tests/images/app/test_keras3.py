@@ -256,6 +256,7 @@ WITHOUT = {
 }
 
 
+@pytest.mark.patch_reversal
 @pytest.mark.parametrize("patch", list(WITHOUT))
 def test_the_script_fails_without_the_patch(host, image_layer, work, patch):
     package, reversed_patches, command, error = WITHOUT[patch]

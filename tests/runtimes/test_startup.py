@@ -12,6 +12,10 @@ import pytest
 from runtimes.runtime_helpers import WORK_ROOT, as_user, label, podman_run_args, run_in, user_environment
 from support.stack import CONFIG, LEAF
 
+# Figures, not checks: every runtime starts the image's ranks in the test tier (tests/runtimes' two-rank tests,
+# tests/sif), so the medians are the full tier's.
+pytestmark = pytest.mark.full("each runtime's two-rank test imports TensorFlow and Horovod in the test tier")
+
 RUNS = 3
 CODE = "import tensorflow, horovod.tensorflow; print('imported')"
 MEASURED = {}

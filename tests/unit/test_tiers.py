@@ -72,3 +72,12 @@ def test_an_unknown_tier_is_one_line_naming_the_make_targets(monkeypatch):
     monkeypatch.setattr(tiers, "TIER", "quick")
     with pytest.raises(ValueError, match=r"^TFHPC_TIER=quick: not one of test, full: use `make test` or `make test-full`$"):
         tiers.check_tier()
+
+
+def test_every_module_with_a_full_tier_test_is_in_the_behaviour_table():
+    table = (tiers.REPO_ROOT / "docs" / "testing.md").read_text().split("## Two tiers", 1)[1].split("\n## ", 1)[0]
+    marked = sorted(path.relative_to(tiers.REPO_ROOT).as_posix() for path in (tiers.REPO_ROOT / "tests").rglob("test_*.py")
+                    if "pytest.mark.full(" in path.read_text() or "mark.patch_reversal" in path.read_text())
+    assert marked, "no full-tier test found: the markers moved?"
+    missing = [path for path in marked if path.split("/")[-1] not in table]
+    assert not missing, f"docs/testing.md's tier table does not name {missing}"

@@ -227,7 +227,17 @@ def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(host, i
     assert host.check_output(f"ls {work}/userjob/logs/train").startswith("events.out.tfevents.")
 
 
-@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+def one_fit_and_one_loop(names, reason):
+    """The entrypoints with those other than hvd_keras_fit and mwms_custom_loop (one Keras fit, one custom loop, one
+    of each launcher) in the full tier, for a behaviour whose code is shared by the fits and by the loops."""
+    return [name if name in ("hvd_keras_fit", "mwms_custom_loop") else pytest.param(name, marks=pytest.mark.full(reason))
+            for name in names]
+
+
+# The fits' trace comes from Keras' TensorBoard callback (tfhpc_runtime/callbacks.py), the loops' from the profiler
+# calls each loop makes alike; the other two entrypoints' traces: the full tier.
+@pytest.mark.parametrize("name", one_fit_and_one_loop(ENTRYPOINTS, "the same profiler code: hvd_keras_fit, "
+                                                                   "mwms_custom_loop"))
 def test_profile_steps_write_one_trace_from_rank_0(host, image_layer, work, name):
     log_dir = f"{work}/{name}-profile"
     arguments = (f"--train-samples 640 --test-samples 64 --epochs 1 --verbose 0 --log-dir {log_dir} "
@@ -248,7 +258,9 @@ def test_profile_steps_write_one_trace_from_rank_0(host, image_layer, work, name
 DIGITS_ACCURACY = 0.9
 
 
-@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+# The data set is tfhpc_runtime/data.py's, the same for every entrypoint (each learns the glyphs in the test tier).
+@pytest.mark.parametrize("name", one_fit_and_one_loop(ENTRYPOINTS, "the same loader (tfhpc_runtime/data.py): "
+                                                                   "hvd_keras_fit, mwms_custom_loop"))
 def test_two_ranks_learn_the_real_digits(host, image_layer, name):
     reports = run_ranks(host, ENTRYPOINTS[name]("--dataset digits --epochs 8 --verbose 0"), 2)
     print(f"{name} on digits: losses {reports[0]['losses']}, test accuracy {reports[0]['test_accuracy']:.4f}")

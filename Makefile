@@ -46,7 +46,7 @@ image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> ap
 sif: image ## convert the app image into build/sif/*.sif (apptainer on the host or in a helper)
 	$(PYTHON) -m tfhpc sif
 
-lock: venv ## regenerate locks/ (every layer's Python packages with their sha256 hashes) from versions.toml with uv
+lock: venv ## regenerate locks/ (every layer's Python packages with their sha256 hashes) from versions.toml with uv (ARCH=, FLAVOR=: only those)
 	$(PYTHON) -m tfhpc lock $(if $(filter-out 0,$(UPGRADE)),--upgrade)
 
 recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the Dockerfiles, via spython)
@@ -80,7 +80,7 @@ test: sif site-images ## build images and SIFs if needed, then run every test: t
 	$(PYTHON) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 site-images: venv ## the MPICH stack's images and SIF, and the standard-ABI stack's (MPI=abi) where the stack has one: tests/sites runs them with host MPIs
-	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do $(MAKE) sif MPI=$$mpi || exit 1; done
+	mpis=$$($(PYTHON) -m tfhpc site-mpis) || exit 1; for mpi in $$mpis; do $(MAKE) sif MPI=$$mpi || exit 1; done
 
 test-sites: sif site-images ## site tests only: host MPIs in the MPICH image (bind model), the Open MPI hybrid launch
 	$(PYTHON) -m pytest tests/sites $(PYTEST_ARGS)

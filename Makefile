@@ -26,7 +26,7 @@ export STACK FLAVOR MPI ARCH BASE_SOURCE CA_BUNDLE PIP_INDEX_URL LAYER SIGN_KEY 
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64 test-network
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -98,6 +98,9 @@ test-arm64: venv ## build both architectures' images and SIFs if needed, then th
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-network: venv ## tests that read PyPI (or PIP_INDEX_URL's mirror), no docker: e.g. whether TensorFlow's aarch64 wheel has CUDA yet
+	$(PYTHON) -m pytest tests/network $(PYTEST_ARGS)
 
 repro: venv ## build the tensorflow and app layers twice without cache on the stack's images, compare their files (build/repro/)
 	$(PYTHON) -m tfhpc repro

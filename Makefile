@@ -29,7 +29,7 @@ export HOROVOD_SRC
 PYTHON := $(VENV)/bin/python
 
 .PHONY: help venv image sif recipes native-sif test test-full test-unit test-cluster test-images clean clean-all show bench
-.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64
+.PHONY: push pipelines lint sqsh edf site-images test-sites lock repro measurements upstream-tests test-arm64 test-network
 
 help: ## list targets and variables
 	@echo "targets:"
@@ -49,7 +49,7 @@ image: venv ## build the image stack (base -> mpi -> tensorflow -> horovod -> ap
 sif: image ## convert the app image into build/sif/*.sif (apptainer on the host or in a helper)
 	$(PYTHON) -m tfhpc sif
 
-lock: venv ## regenerate locks/ (every layer's Python packages with their sha256 hashes) from versions.toml with uv
+lock: venv ## regenerate locks/ (every layer's Python packages with their sha256 hashes) from versions.toml with uv (ARCH=, FLAVOR=: only those)
 	$(PYTHON) -m tfhpc lock $(if $(filter-out 0,$(UPGRADE)),--upgrade)
 
 recipes: venv ## regenerate recipes/native/ (native Apptainer recipes from the Dockerfiles, via spython)
@@ -88,7 +88,7 @@ test-full: sif site-images ## `make test` plus the `full` tier: patch reversals,
 	TFHPC_TIER=full $(PYTHON) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 site-images: venv ## the MPICH stack's images and SIF, and the standard-ABI stack's (MPI=abi) where the stack has one: tests/sites runs them with host MPIs
-	for mpi in $$($(PYTHON) -m tfhpc site-mpis); do \
+	mpis=$$($(PYTHON) -m tfhpc site-mpis) || exit 1; for mpi in $$mpis; do \
 	  $(MAKE) sif MPI=$$mpi SQUASHFS_LEVEL=$(SITE_SQUASHFS_LEVEL) || exit 1; done
 
 test-sites: sif site-images ## site tests only: host MPIs in the MPICH image (bind model), the Open MPI hybrid launch
@@ -107,6 +107,9 @@ test-arm64: venv ## build both architectures' images and SIFs if needed, then th
 
 test-unit: venv ## tooling tests only (no docker needed)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-network: venv ## tests that read PyPI (or PIP_INDEX_URL's mirror), no docker: e.g. whether TensorFlow's aarch64 wheel has CUDA yet
+	$(PYTHON) -m pytest tests/network $(PYTEST_ARGS)
 
 repro: venv ## build the tensorflow and app layers twice without cache on the stack's images, compare their files (build/repro/)
 	$(PYTHON) -m tfhpc repro

@@ -92,12 +92,13 @@ def cpu_times() -> tuple[int, int] | None:
 def pytest_sessionstart(session):
     """Before any test (in the one process that starts the workers): the CPU times the summary compares with, and
     enough free disk where the image tests write (build/ and the docker data root), else one line naming the fix; a
-    full disk half-way fails unrelated tests with ENOSPC an hour later. Runs of tests/unit alone need no disk."""
+    full disk half-way fails unrelated tests with ENOSPC an hour later. Runs of tests/unit and tests/network alone
+    need no disk (nor docker)."""
     config = session.config
     config._tfhpc_cpu_times = cpu_times()
-    unit = REPO_ROOT / "tests" / "unit"
+    imageless = [REPO_ROOT / "tests" / "unit", REPO_ROOT / "tests" / "network"]
     selected = [Path(config.invocation_params.dir, arg.split("::")[0]).resolve() for arg in config.args]
-    if hasattr(config, "workerinput") or all(path.is_relative_to(unit) for path in selected):
+    if hasattr(config, "workerinput") or all(any(path.is_relative_to(d) for d in imageless) for path in selected):
         return
     from tfhpc import UserError
     from tfhpc.dockerhost import client

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     lock.add_argument("--check", action="store_true", help="exit 2 if a lock is out of date with versions.toml")
     lock.add_argument("--arch", action="append", default=[os.environ["ARCH"]] if os.environ.get("ARCH") else None,
                       help="lock this architecture only (repeatable; default: every one of versions.toml)")
+    lock.add_argument("--flavor", action="append", default=[os.environ["FLAVOR"]] if os.environ.get("FLAVOR") else None,
+                      help="lock this flavour only (repeatable; default: every one of versions.toml)")
     lock.add_argument("--upgrade", action="store_true",
                       help="resolve every package anew (default: keep the locked versions the inputs still allow)")
 
@@ -185,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "lock":
             from .lock import check_locks, lock_configurations, write_locks  # lazy: this command's module
             return check_or_write(args.check,
-                                  lambda: [check_locks(c) for c in lock_configurations(manifest, args.arch)],
-                                  lambda: write_locks(manifest, args.upgrade, args.arch))
+                                  lambda: [check_locks(c) for c in lock_configurations(manifest, args.arch,
+                                                                                       args.flavor)],
+                                  lambda: write_locks(manifest, args.upgrade, args.arch, args.flavor))
         if args.command == "pipelines":
             from .ci import check_pipelines, write_pipelines  # lazy: this command's module
             return check_or_write(args.check, lambda: check_pipelines(manifest), lambda: write_pipelines(manifest))

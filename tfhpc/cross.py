@@ -38,7 +38,7 @@ def cross_args(config: Config, base_source: str, manifest: Manifest | None = Non
     if arch is None:
         log(f"no architecture of versions.toml is this host's ({host_machine()}): the compiles are emulated too")
         return {}
-    host_config = manifest.config(config.stack, config.flavor, config.mpi, arch=arch)
+    host_config = manifest.config(config.stack, config.flavor, config.mpi, arch=arch, host_tools=True)
     root = resolve_root(host_config, base_source)
     log(f"compiling with the host's {triplet(config)} cross compilers (on {root}), natively")
     return {"CROSS_IMAGE": root, "CROSS_TRIPLET": triplet(config)}

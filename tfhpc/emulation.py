@@ -40,7 +40,8 @@ def host_config(manifest: Manifest, config: Config) -> Config:
     """`config` for this host's architecture: what runs here natively beside an emulated build (the apptainer
     helper, the cross compilers' OS root). `config` itself when the host is none of versions.toml's architectures."""
     arch = host_arch(manifest)
-    return config if arch is None else manifest.config(config.stack, config.flavor, config.mpi, arch)
+    return config if arch is None else manifest.config(config.stack, config.flavor, config.mpi, arch,
+                                                       host_tools=True)
 
 
 def needs_emulation(config: Config, host: str | None = None) -> bool:

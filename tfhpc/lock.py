@@ -268,23 +268,29 @@ def compile_lock(config: Config, spec: LockSpec, upgrade: bool = False) -> Path:
     return target
 
 
-def lock_configurations(manifest: Manifest, arches: list[str] | None = None) -> list[Config]:
+def lock_configurations(manifest: Manifest, arches: list[str] | None = None,
+                        flavors: list[str] | None = None) -> list[Config]:
     """One configuration per stack x flavour x architecture that versions.toml defines (a stack without a GPU table
-    has no GPU flavour); the default MPI, which changes no Python package. `arches`: only these (default: all)."""
-    configs = []
+    has no GPU flavour, a flavour `unavailable` on an architecture is not built there); the default MPI, which changes
+    no Python package. `arches`, `flavors`: only these (default: all). A selection of which versions.toml defines
+    nothing (FLAVOR=gpu ARCH=arm64) is refused with the reason of its first configuration."""
+    configs, refusals = [], []
     for arch in arches or manifest.arches:
         for stack in manifest.stacks:
-            for flavor in manifest.flavors:
+            for flavor in flavors or manifest.flavors:
                 try:
                     configs.append(manifest.config(stack, flavor, arch=arch))
-                except UserError:
-                    continue
+                except UserError as refusal:
+                    refusals.append(refusal)
+    if not configs and refusals:
+        raise refusals[0]
     return configs
 
 
-def write_locks(manifest: Manifest, upgrade: bool = False, arches: list[str] | None = None) -> list[Path]:
+def write_locks(manifest: Manifest, upgrade: bool = False, arches: list[str] | None = None,
+                flavors: list[str] | None = None) -> list[Path]:
     written = []
-    for config in lock_configurations(manifest, arches):
+    for config in lock_configurations(manifest, arches, flavors):
         log(f"locking {config.locks} (Python {config.os['python']}, {config.python_platform})")
         for spec in lock_specs(config):
             written.append(compile_lock(config, spec, upgrade))

@@ -324,11 +324,23 @@ class Manifest:
         os_release = os_release or self.data["defaults"]["os"]
         return sorted(self.data["os"][os_release].get("mpi", {}))
 
+    def unavailable(self, flavor: str, arch: str) -> str:
+        """Why versions.toml builds no `flavor` for `arch` ([arches.<arch>.flavors.<flavor>] `unavailable`, on one
+        line), or "" where it does."""
+        reason = self.data.get("arches", {}).get(arch, {}).get("flavors", {}).get(flavor, {}).get("unavailable", "")
+        return " ".join(str(reason).split())
+
     def config(self, stack: str | None = None, flavor: str | None = None, mpi: str | None = None,
-               arch: str | None = None) -> Config:
+               arch: str | None = None, *, host_tools: bool = False) -> Config:
+        """One configuration with every pin resolved, or a UserError naming what is wrong and the fix. A flavour
+        versions.toml marks `unavailable` on an architecture is refused with its reason, except with `host_tools`:
+        the configuration of the host's own tools beside an emulated build (the apptainer helper's and the cross
+        compilers' OS root), which is never built into an image."""
         stack = _choose("STACK", stack or self.data["default_stack"], self.stacks)
         flavor = _choose("FLAVOR", flavor or self.data["default_flavor"], self.flavors)
         arch = _choose("ARCH", arch or self.data["default_arch"], self.arches)
+        if self.unavailable(flavor, arch) and not host_tools:
+            raise UserError(f"FLAVOR={flavor} ARCH={arch} is not built: {self.unavailable(flavor, arch)}")
         spec = {**self.data.get("defaults", {}), **self.data["stacks"][stack]}
         arch_spec = {key: value for key, value in self.data["arches"][arch].items() if key != "flavors"}
         for key in ("platform", "machine"):

@@ -1,5 +1,5 @@
-"""The markers (pytest.ini: image, sif, cluster) that say what a test directory needs, put on its tests by its
-conftest's pytest_collection_modifyitems: `make test` and CI select and skip whole directories by them, so the
+"""The markers (pytest.ini: image, sif, cluster, network) that say what a test directory needs, put on its tests by
+its conftest's pytest_collection_modifyitems: `make test` and CI select and skip whole directories by them, so the
 directory, not each test module, decides."""
 from pathlib import Path
 

@@ -54,7 +54,10 @@ def test_an_architecture_overrides_a_flavours_wheel_only_where_it_differs(manife
     assert arm64.tensorflow_package == "tensorflow"
     amd64_args, arm64_args = manifest.config().build_args(), arm64.build_args()
     assert {k for k in amd64_args if amd64_args[k] != arm64_args[k]} == {"TENSORFLOW_PACKAGE", "LOCKS"}
-    assert manifest.config(flavor="gpu", arch="arm64").tensorflow_package == "tensorflow[and-cuda]"
+    # the GPU flavour is not built for arm64 (versions.toml: TensorFlow's aarch64 wheels have no CUDA;
+    # tests/unit/test_unavailable_flavours.py)
+    with pytest.raises(UserError, match="FLAVOR=gpu ARCH=arm64 is not built"):
+        manifest.config(flavor="gpu", arch="arm64")
 
 
 def test_an_unknown_architecture_lists_the_valid_ones(manifest):
@@ -232,7 +235,7 @@ def test_every_architecture_is_locked_for_its_machine(manifest):
         ("amd64", "x86_64-manylinux_2_36"), ("amd64", "x86_64-manylinux_2_40"),
         ("arm64", "aarch64-manylinux_2_36"), ("arm64", "aarch64-manylinux_2_40")}
     assert [c.locks for c in lock_configurations(manifest, ["arm64"])] == [
-        "locks/conservative-cpu-arm64", "locks/latest-cpu-arm64", "locks/latest-gpu-arm64"]
+        "locks/conservative-cpu-arm64", "locks/latest-cpu-arm64"]
     arm64 = manifest.config(arch="arm64")
     assert header(arm64, lock_specs(arm64)[0]).splitlines()[1].startswith("# latest stack, cpu flavour, arm64: ")
     assert "amd64" not in header(manifest.config(), lock_specs(manifest.config())[0])

@@ -8,6 +8,7 @@ from support.collectives import check_collectives, smoke_arguments
 from support.count import checks_in
 from support.results import results
 from support.stack import expected_collectives
+from support.wheels import build_info, matching_wheels, python_tag
 
 
 def smoke_report(rank, size, sizes=(1, 4096), dtypes=("float32", "int32"), controller="mpi"):
@@ -62,3 +63,36 @@ def test_the_check_count_sees_asserts_and_pytest_fail_and_raises_only():
 def test_a_long_result_line_that_mpirun_split_and_tagged_again_is_joined():
     output = '[1,0]<stdout>:RESULT {"rank": 0, "losses": [0.5,[1,0]<stdout>: 0.25]}\n[1,1]<stdout>:RESULT {"rank": 1}\n'
     assert results(output, 2) == [{"rank": 0, "losses": [0.5, 0.25]}, {"rank": 1}]
+
+
+# A made-up index listing (PEP 691) of a project's files: the wheel tests/network reads is picked from one like it.
+LISTING = [{"filename": f"tensorflow-9.9.9-{tags}.whl", "hashes": {"sha256": digest}, "url": f"https://x/{digest}"}
+           for tags, digest in [("cp399-cp399-manylinux_2_27_aarch64", "a" * 64),
+                                ("cp399-cp399-manylinux_2_27_x86_64", "b" * 64),
+                                ("cp398-cp398-manylinux_2_27_aarch64", "c" * 64),
+                                ("cp399-cp399-manylinux_2_17_aarch64.manylinux2014_aarch64", "d" * 64),
+                                ("cp399-cp399-macosx_12_0_arm64", "e" * 64)]]
+LISTING.append({"filename": "tensorflow-9.9.9.tar.gz", "hashes": {"sha256": "f" * 64}, "url": "https://x/sdist"})
+
+
+def test_the_wheel_of_a_lock_is_picked_by_python_machine_and_hash():
+    assert python_tag("3.99") == "cp399"
+    picked = matching_wheels(LISTING, "tensorflow", "9.9.9", "3.99", "aarch64", ["a" * 64, "b" * 64, "e" * 64])
+    assert [entry["hashes"]["sha256"] for entry in picked] == ["a" * 64]
+    # a compound platform tag (manylinux_2_17 + manylinux2014) is one of the machine's too
+    assert len(matching_wheels(LISTING, "tensorflow", "9.9.9", "3.99", "aarch64", ["a" * 64, "d" * 64])) == 2
+    # a file whose sha256 the lock does not hold is never taken, nor another version's or project's
+    assert matching_wheels(LISTING, "tensorflow", "9.9.9", "3.99", "aarch64", ["0" * 64]) == []
+    assert matching_wheels(LISTING, "tensorflow", "9.9.8", "3.99", "aarch64", ["a" * 64]) == []
+    assert matching_wheels(LISTING, "tensorflow-cpu", "9.9.9", "3.99", "aarch64", ["a" * 64]) == []
+
+
+@pytest.mark.parametrize("source", [
+    "import collections\n\nbuild_info = collections.OrderedDict([('is_cuda_build', False),\n"
+    "                                          ('is_rocm_build', False)])\n",
+    "build_info = {'is_cuda_build': False, 'is_rocm_build': False}\n",
+], ids=["OrderedDict", "dict"])
+def test_build_info_is_read_without_running_the_module(source):
+    assert build_info(source) == {"is_cuda_build": False, "is_rocm_build": False}
+    with pytest.raises(ValueError, match="no `build_info = ...` assignment"):
+        build_info("import os\nos.system('false')\n")

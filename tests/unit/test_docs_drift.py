@@ -253,3 +253,9 @@ def test_no_build_machine_voice(name):
     found = sorted({match.group(0) for match in MACHINE_VOICE.finditer(" ".join(PAGES[name].split()))})
     assert not found, f"{name} speaks of the build machine or in a changelog's voice: {found}"
 
+
+
+def test_every_page_is_in_the_readme_documentation_table():
+    table = section(README, "## Documentation")
+    missing = [path.name for path in sorted(DOCS.glob("*.md")) if f"](docs/{path.name})" not in table]
+    assert not missing, f"README's documentation table leaves out {missing}"

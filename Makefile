@@ -35,7 +35,8 @@ help: ## list targets and variables
 	@echo "targets:"
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z0-9-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
 	@echo "variables:"
-	@grep -hE '^[A-Z_]+ \?=' $(MAKEFILE_LIST) | sed -E 's/^([A-Z_]+) \?=[^#]*## *(.*)/  \1\t\2/' | expand -t 22
+	@grep -hE '^[A-Z_]+ \?=' $(MAKEFILE_LIST) | sed -E -e 's/^([A-Z_]+) \?= *([^# ][^#]*[^# ]|[^# ])## *(.*)/  \1\t\3 (default: \2)/' \
+	    -e 's/^([A-Z_]+) \?=[^#]*## *(.*)/  \1\t\2/' | expand -t 22
 
 venv: $(VENV)/.installed ## create the host virtual environment (docker SDK, pytest, testinfra)
 $(VENV)/.installed: requirements.txt

@@ -278,7 +278,7 @@ def foreign_open_mpi(mpi_library):
 
 
 def hybrid_mismatch(mpi_library):
-    """(versions, fix) for a rank whose host mpirun cannot wire up the image's Open MPI (docs/sites.md, section
+    """(versions, fix) for a rank whose host mpirun cannot wire up the image's Open MPI (docs/host-mpi.md, section
     "Open MPI hybrid launch", has the measured matrix)."""
     image = open_mpi_version((mpi_library or {}).get("version"))
     image_pmix = next((v for v in map(pmix_version, sorted(sum((glob.glob(g) for g in PMIX_LIBRARY_GLOBS), [])))
@@ -290,7 +290,7 @@ def hybrid_mismatch(mpi_library):
                 f"image: Open MPI {image} ({image_pmix})")
     fix = (f"a host mpirun of Open MPI {image.rsplit('.', 1)[0]}.x starts this image's ranks; with another release "
            "use srun --mpi=pmix or the image's own mpirun (apptainer exec IMAGE mpirun -np N ...); mpi4py alone also "
-           "runs on the host's Open MPI: TFHPC_HOST_MPI=<its prefix>, mounted (docs/sites.md, Open MPI hybrid launch)")
+           "runs on the host's Open MPI: TFHPC_HOST_MPI=<its prefix>, mounted (docs/host-mpi.md, Open MPI hybrid launch)")
     return versions, fix
 
 

@@ -106,7 +106,7 @@ def podman_image(docker_client, app_image, work_dir):
     require("podman", package="podman")
     if os.geteuid() != 0:
         pytest.fail("the podman tests use rootful podman: run them as root (rootless podman needs /etc/subuid and "
-                    "/etc/subgid ranges for the user, see docs/sites.md)")
+                    "/etc/subgid ranges for the user, see docs/site-reference.md)")
     store = work_dir / "podman"
     with tempfile.TemporaryFile() as output:
         load = subprocess.Popen([*podman_base(store), "load"], stdin=subprocess.PIPE, stdout=output,

@@ -1,7 +1,7 @@
 """Start-up of one rank per runtime: the wall time of the runtime command that runs
 `python -c 'import tensorflow, horovod.tensorflow'` (3 runs, median), for Docker, Apptainer (the SIF, in the helper
 container, as uid 1000), Charliecloud (as uid 1000) and Podman; each run must import both. The medians go to
-build/runtimes/startup.json (docs/sites.md quotes them)."""
+build/runtimes/startup.json (docs/measurements.md records them)."""
 import json
 import statistics
 import subprocess

@@ -146,7 +146,7 @@ def test_nv_on_a_host_without_gpu_runs_the_cpu_path(user_host, in_sif):
 
 @pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")
 def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
-    """mpirun outside, apptainer inside: needs an outer Open MPI of the image's version (docs/slurm-and-sites.md,
+    """mpirun outside, apptainer inside: needs an outer Open MPI of the image's version (docs/host-mpi.md,
     hybrid launch)."""
     if not user_host.exists("mpirun"):
         pytest.fail("the SIF helper image lacks the outer Open MPI (recipes/builder/Dockerfile)")

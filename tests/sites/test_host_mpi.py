@@ -1,5 +1,5 @@
 """The bind model: a host MPI of the MPICH ABI family in place of the MPICH image's own, as Cray-style sites run
-images (docs/sites.md, "Host MPI in the image"). Host MPIs: PyPI's MPICH 5 (`mpich`) and Intel MPI (`impi-rt`), at
+images (docs/host-mpi.md, "Host MPI in the image"). Host MPIs: PyPI's MPICH 5 (`mpich`) and Intel MPI (`impi-rt`), at
 versions.toml's [site_mpi] pins, each launched by its own hydra `mpiexec`, with TFHPC_HOST_MPI=<prefix>:
 
 - in Docker: `docker run -e TFHPC_HOST_MPI=P -v P:P:ro IMAGE P/bin/mpiexec -n 2 CMD`;

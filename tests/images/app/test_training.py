@@ -86,6 +86,13 @@ def tagged(name, keras):
 FULL_RUNS = [(name, "") for name in ENTRYPOINTS] + [("mwms_keras_fit", TF_KERAS)]
 
 
+def one_fit_and_one_loop(names, reason):
+    """The entrypoints with those other than hvd_keras_fit and mwms_custom_loop (one Keras fit, one custom loop, one
+    of each launcher) in the full tier, for a behaviour whose code is shared by the fits and by the loops."""
+    return [name if name in ("hvd_keras_fit", "mwms_custom_loop") else pytest.param(name, marks=pytest.mark.full(reason))
+            for name in names]
+
+
 @pytest.fixture(scope="module")
 def full_runs(host, work):
     """(name, keras) -> (reports, weights file) of a 3-epoch, 2-rank run with checkpoints; run once, when first
@@ -227,13 +234,6 @@ def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(host, i
     assert host.check_output(f"ls {work}/userjob/logs/train").startswith("events.out.tfevents.")
 
 
-def one_fit_and_one_loop(names, reason):
-    """The entrypoints with those other than hvd_keras_fit and mwms_custom_loop (one Keras fit, one custom loop, one
-    of each launcher) in the full tier, for a behaviour whose code is shared by the fits and by the loops."""
-    return [name if name in ("hvd_keras_fit", "mwms_custom_loop") else pytest.param(name, marks=pytest.mark.full(reason))
-            for name in names]
-
-
 # The fits' trace comes from Keras' TensorBoard callback (tfhpc_runtime/callbacks.py), the loops' from the profiler
 # calls each loop makes alike; the other two entrypoints' traces: the full tier.
 @pytest.mark.parametrize("name", one_fit_and_one_loop(ENTRYPOINTS, "the same profiler code: hvd_keras_fit, "
@@ -315,7 +315,12 @@ def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, 
 # ---------------------------------------------------------------------------------------------------------------- #
 # Resume: stop after epoch 1, rerun with --resume: continues at epoch 2, ends where the uninterrupted run ended.
 
-@pytest.mark.parametrize("name, keras", FULL_RUNS)
+# The resume is tfhpc_runtime/checkpoints.py's for every entrypoint; each fit and each loop wires it alike, so one of
+# each (and tf_keras') prove it in the test tier.
+@pytest.mark.parametrize("name, keras", [
+    pytest.param(name, keras, marks=pytest.mark.full("the same resume code: hvd_keras_fit, mwms_custom_loop"))
+    if (name, keras) in (("hvd_custom_loop", ""), ("mwms_keras_fit", "")) else (name, keras)
+    for name, keras in FULL_RUNS])
 def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer, work, full_runs, name, keras):
     full, full_weights = full_runs(name, keras)
     tag = tagged(name, keras)
@@ -371,7 +376,10 @@ def interrupted(host, script, log, command):
     return outcome, output, results(output)
 
 
-@pytest.mark.parametrize("name", list(ENTRYPOINTS))
+# The signal's handling is tfhpc_runtime/preemption.py's and the step checkpoint checkpoints.py's, shared by the fits
+# and by the loops (the signalled backup below runs mwms_keras_fit with tf_keras).
+@pytest.mark.parametrize("name", one_fit_and_one_loop(ENTRYPOINTS, "the same signal code: hvd_keras_fit, "
+                                                                   "mwms_custom_loop"))
 def test_signal_mid_epoch_saves_stops_and_resumes_like_an_uninterrupted_run(host, image_layer, work, full_runs, name):
     full, full_weights = full_runs(name)
     directory, log = f"{work}/{name}-signal-ckpt", f"{work}/{name}-signal.log"

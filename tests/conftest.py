@@ -116,12 +116,14 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A full run in which every test passed, patch reversals among them, and nothing was left out by -k, -m or a
-    path: the configuration's patch set is proven, and `make test` leaves its reversal tests to the full tier."""
+    """A full-tier run in which every test passed, patch reversals among them, and no reversal was left out (by -k, a
+    path, or a -m other than `patch_reversal`): the configuration's patch set is proven, and `make test` leaves its
+    reversal tests to the full tier."""
     config = session.config
     if hasattr(config, "workerinput") or TIER != "full" or exitstatus != 0:
         return
-    if config.option.keyword or config.option.markexpr or config.args not in ([], ["tests"]):
+    if config.option.keyword or config.option.markexpr not in ("", "patch_reversal") or \
+            config.args not in ([], ["tests"]):
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     passed = reporter.stats.get("passed", []) if reporter else []

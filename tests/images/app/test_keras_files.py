@@ -7,6 +7,8 @@ directory per rank). One run per (Keras, strategy) covers every feature; the tes
 - TensorBoard (scalars and a profile) and CSVLogger: one event file and one profile (the chief's), the CSV's rows;
 - BackupAndRestore by epoch and by steps: the fit stopped, resumed from the backed-up weights on both workers, the
   epochs and steps each Keras runs then, the backup deleted or kept as asked;
+- Keras 3 under MWMS with a backup directory per worker (the chief's state on the chief only): one line at the start
+  of the resumed fit on every worker;
 - EarlyStopping(restore_best_weights=True): both workers stop after the same epoch with the best epoch's weights;
 - model.save + keras.saving.load_model, model.export + tf.saved_model.load (the tutorial's form);
 - no workertemp_* left behind, and no file of the chief's opened for writing by the other MWMS worker (Keras 3:
@@ -108,6 +110,14 @@ def test_backup_and_restore_by_steps_resumes_from_the_last_backup(image_layer, r
         # epoch 1 whole again (docs/keras.md).
         assert (backup["steps"], backup["iterations"]) == ((16, 28) if keras == "3" else (12, 24))
     assert ranks[0]["backup_steps"]["weights"] == ranks[1]["backup_steps"]["weights"]
+
+
+def test_a_backup_dir_per_mwms_worker_stops_at_the_start_with_one_line(image_layer, reports):
+    # Keras 3 only: tf_keras's workers would resume at different epochs and wait for each other.
+    for report in reports("3", "mwms"):
+        assert report["backup_per_worker"].startswith("BackupAndRestore: the workers restored different epochs"), \
+            report["backup_per_worker"]
+        assert "give every worker the same backup_dir" in report["backup_per_worker"]
 
 
 @pytest.mark.parametrize("keras, strategy", RUNS, ids=IDS)

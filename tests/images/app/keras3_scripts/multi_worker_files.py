@@ -280,6 +280,20 @@ report["backup_steps"] = {"after_stop": after_stop, "backed_up": stopped.steps[1
                           "epochs": resumed.epochs, "steps": len(resumed.steps), "iterations": iterations(model),
                           "weights": digest(model), "after_end": files(backup)}
 
+# MWMS, Keras 3: a backup directory per worker (or one on node-local disks) holds the chief's state on the chief only:
+# the fit resumed from it must stop at its start, on every worker, with one line. (tf_keras's workers would resume at
+# different epochs and wait for each other.)
+if args.strategy == "mwms" and args.keras == "3":
+    own = os.path.join(out, f"backup-worker{rank}")
+    stopped_fit(build(), 4, [Epochs(stop_epoch=2), keras.callbacks.BackupAndRestore(own)])
+    try:
+        fit(build(), 4, [keras.callbacks.BackupAndRestore(own)])
+        report["backup_per_worker"] = None
+    except ValueError as error:
+        report["backup_per_worker"] = str(error)
+    barrier()
+    shutil.rmtree(own, ignore_errors=True)
+
 # EarlyStopping with restore_best_weights: no epoch improves the loss by 10, the fit stops after epoch 1 with the
 # weights of epoch 0.
 model = build()

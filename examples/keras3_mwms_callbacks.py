@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -46,13 +45,6 @@ with strategy.scope():
                   optimizer=keras.optimizers.SGD(learning_rate=schedule), metrics=["accuracy"])
 
 
-def write_dirpath(dirpath):
-    # MWMS: every worker writes; only the chief's directory is kept at the real path.
-    if task_index == 0:
-        return dirpath
-    return tempfile.mkdtemp()
-
-
 class Epochs(keras.callbacks.Callback):
     """The epochs a fit runs."""
 
@@ -64,13 +56,13 @@ class Epochs(keras.callbacks.Callback):
         self.epochs.append(epoch)
 
 
-# Each worker its own backup directory: the workers of this test share one file system (on a cluster, a node-local
-# directory of the same name does the same).
-backup_dir = os.path.join(out_dir, f"backup-worker{task_index}")
+# MWMS: one backup directory and one log directory for every worker: the chief writes them, every worker restores
+# the chief's backup (tf_keras does this itself; Keras 3 with the image's Keras patch 0003).
+backup_dir = os.path.join(out_dir, "backup")
 first = Epochs()
 callbacks = [first,
              keras.callbacks.BackupAndRestore(backup_dir=backup_dir, delete_checkpoint=False),
-             keras.callbacks.TensorBoard(log_dir=write_dirpath(os.path.join(out_dir, "logs")))]
+             keras.callbacks.TensorBoard(log_dir=os.path.join(out_dir, "logs"))]
 history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, callbacks=callbacks, verbose=0)
 learning_rate = float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
 iterations = int(keras.ops.convert_to_numpy(model.optimizer.iterations))

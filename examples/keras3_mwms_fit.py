@@ -1,7 +1,8 @@
 """MultiWorkerMirroredStrategy with Keras 3 (`import keras`) and `model.fit`, in the shape of TensorFlow's
 "Multi-worker training with Keras" tutorial (nothing from tfhpc; shipped at /opt/tfhpc/examples): the strategy from
 TF_CONFIG, the model built and compiled in `strategy.scope()`, a tf.data pipeline of the global batch, a `.keras`
-ModelCheckpoint that only the chief keeps, then evaluate and predict. Run one process per worker, each with its
+ModelCheckpoint given the same path on every worker (the image's Keras writes it from the chief only), then
+evaluate and predict. Run one process per worker, each with its
 TF_CONFIG (`tfhpc-launch-local-mwms -n 2 python keras3_mwms_fit.py OUT_DIR` sets it on one node):
 
     TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}' \
@@ -14,7 +15,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -53,15 +53,10 @@ with strategy.scope():
     multi_worker_model = build_and_compile_model()
 
 
-def write_filepath(filepath):
-    # MWMS: every worker saves (saving runs collectives); only the chief's file is kept at the real path.
-    if task_index == 0:
-        return filepath
-    return os.path.join(tempfile.mkdtemp(), os.path.basename(filepath))
-
-
+# MWMS: every worker saves, the same path on every worker: the chief writes it, the others a copy they remove (tf_keras
+# does this itself; Keras 3 with the image's Keras patch 0003).
 checkpoint = os.path.join(out_dir, "model.keras")
-callbacks = [keras.callbacks.ModelCheckpoint(write_filepath(checkpoint))]
+callbacks = [keras.callbacks.ModelCheckpoint(checkpoint)]
 history = multi_worker_model.fit(dataset(global_batch_size), epochs=3, steps_per_epoch=30, callbacks=callbacks,
                                  verbose=0)
 

@@ -13,7 +13,7 @@ Each script runs once, on 2 ranks (MultiWorkerMirroredStrategy: 2 workers on loc
   falls, the weights are bit-equal, the epoch losses are the average of the ranks' own, and the model rank 0 saves
   loads without Horovod as Keras' own SGD;
 - MultiWorkerMirroredStrategy + BackupAndRestore, TensorBoard, ExponentialDecay, then EarlyStopping, run twice with
-  the same backup directories: the second run resumes after the first's last epoch, the learning rate is the
+  one backup directory for both workers: the second run resumes after the first's last epoch, the learning rate is the
   schedule's, EarlyStopping ends both workers' fit after the same epoch, the chief writes the event files;
 - hvd learning-rate warm-up and schedule callbacks and hvd.load_model (Horovod patch 0008): the learning rates of
   each epoch, the loaded model's optimizer wrapped again with its state, the ranks equal after training on;
@@ -96,7 +96,7 @@ def hvd_callbacks_reports(host, work):
 
 @pytest.fixture(scope="module")
 def callbacks_reports(host, work):
-    """The MWMS callbacks script run twice with the same backup directories: 2 epochs, then resumed to 3."""
+    """The MWMS callbacks script run twice with the same backup directory: 2 epochs, then resumed to 3."""
     first = run_ranks(host, mwms_callbacks(work, 2), 2)
     resumed = run_ranks(host, mwms_callbacks(work, 3), 2)
     events = host.check_output(f"find {work}/mwms-callbacks/logs -name 'events.out.tfevents*' | wc -l")
@@ -159,7 +159,8 @@ def test_mwms_learning_rate_schedule_and_tensorboard(image_layer, callbacks_repo
         assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 2, rel=1e-6)
     for report in resumed:
         assert report["learning_rate"] == pytest.approx(0.05 * 0.5 ** 3, rel=1e-6)
-    # The chief writes to the log directory, once per run; the other worker to a directory of its own.
+    # Both workers are given one log directory: the chief writes its event files there, once per run; the other
+    # worker writes beside it and removes its copy (Keras patch 0003).
     assert events == 2
 
 

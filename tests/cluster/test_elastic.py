@@ -85,12 +85,16 @@ def wait_for_an_epoch_with(cluster, ranks, timeout=300):
     pytest.fail(f"no checkpoint of an epoch that ended with {ranks} ranks within {timeout} s")
 
 
-# The custom loop's elastic run in the full tier: its elastic state and resume are tests/images/app/test_training.py's
-# (test_elastic_resumes_an_epoch_checkpoint_like_an_uninterrupted_run), the node's loss, blacklist and rejoin (the
-# launcher's, what this module proves) the Keras run's here.
-@pytest.fixture(scope="module", params=[
-    pytest.param("train-hvd-loop", marks=pytest.mark.full("elastic state: test_training.py; the launcher: train-hvd-fit")),
-    "train-hvd-fit"])
+# The full tier's: the product's parts of an elastic job are proven in the test tier without a cluster: each
+# entrypoint's elastic state and resume by tests/images/app/test_training.py
+# (test_elastic_resumes_an_epoch_checkpoint_like_an_uninterrupted_run), the host discovery, counts and refusals by
+# tests/unit/test_elastic_discovery.py, Keras 3's elastic state (patch 0009) by test_keras3_horovod_api.py. What only
+# this module shows, a node's loss, blacklist and rejoin, is Horovod's elastic driver's; its run is the longest test.
+ELASTIC = "elastic state: test_training.py; discovery: test_elastic_discovery.py; the node's loss: Horovod's driver"
+
+
+@pytest.fixture(scope="module", params=[pytest.param("train-hvd-loop", marks=pytest.mark.full(ELASTIC)),
+                                        pytest.param("train-hvd-fit", marks=pytest.mark.full(ELASTIC))])
 def lost_and_back(request, elastic_cluster):
     """One elastic run in which node3 is killed and started again: (exit status, output, RESULTs, kill time,
     restart time), times as time.time() (the containers share the host's clock)."""

@@ -157,11 +157,13 @@ def test_job_script_without_sif_is_a_one_line_error(slurm_cluster, script):
 # (image MPI, host MPI): the MPICH image on the site's MPICH; the standard-ABI image, where the stack has one, on three
 # implementations: MPICH and Intel MPI (srun --mpi=pmi2) and Open MPI 6 (srun --mpi=pmix: Slurm's PMIx 5 serving
 # Open MPI 6's PMIx client).
-FULL_TIER_JOBS = [("abi", "mpich"), ("abi", "impi-rt")]
-# The test tier runs one job per PMI plugin (pmi2: the MPICH image on MPICH; pmix: the ABI image on Open MPI 6); the ABI
-# image on MPICH and Intel MPI is the full tier's: its libraries load in tests/sites/test_abi_host_mpi.py (Docker and
-# the SIF), the job script and srun --mpi=pmi2 in the MPICH image's job.
-SAME_PATH = pytest.mark.full("the ABI image on this MPI: tests/sites; srun --mpi=pmi2 and the job script: mpich-on-mpich")
+FULL_TIER_JOBS = [("abi", "mpich"), ("abi", "impi-rt"), ("abi", "openmpi6")]
+# The test tier runs the MPICH image on MPICH (srun --mpi=pmi2, the job script's bind model); the ABI image on MPICH,
+# Intel MPI and Open MPI 6 is the full tier's: each library loads and trains from the SIF with its own launcher in
+# tests/sites/test_abi_host_mpi.py, srun --mpi=pmix starts the SIF's ranks in test_generic_pmix_job_... and the
+# doctor's job below, and the job script is the MPICH image's job.
+SAME_PATH = pytest.mark.full("the ABI image on this MPI: tests/sites; srun --mpi=pmix: the generic PMIx job; "
+                             "the job script: mpich-on-mpich")
 HOST_MPI_JOBS = [pytest.param(*case, id=f"{case[0]}-on-{case[1]}", marks=[SAME_PATH] if case in FULL_TIER_JOBS else [])
                  for case in [("mpich", "mpich"), ("abi", "mpich"), ("abi", "impi-rt"), ("abi", "openmpi6")]
                  if case[0] in CONFIG.site_test_mpis]

@@ -61,6 +61,24 @@ def test_the_example_output_has_both_ranks_result_lines_the_test_can_match():
     assert not pattern('[1,0]<stdout>:RESULT {"rank": 0, ...}').match('[1,1]<stdout>:RESULT {"rank": 0, "size": 2}')
 
 
+def test_the_example_result_lines_show_the_scripts_keys_in_its_order():
+    """The RESULT lines are json.dumps with sorted keys: keys the page shows side by side (no `...` between) must be
+    neighbours in the script's report, and every key one it reports."""
+    source = (REPO_ROOT / "scripts" / "train" / "hvd_keras_fit.py").read_text()
+    call = source[source.rindex("    report({"):]
+    reported = sorted(re.findall(r'"(\w+)":', call[:call.index("})")]))
+    for line in [line for line in example_output() if "RESULT {" in line]:
+        items = line.partition("RESULT {")[2].removesuffix("}").split(", ")
+        for before, after in zip(items, items[1:]):
+            if "..." not in (before, after):
+                first, second = (item.partition('"')[2].partition('"')[0] for item in (before, after))
+                assert reported.index(second) == reported.index(first) + 1, (
+                    f"getting-started.md shows {first!r} next to {second!r}; the RESULT line has "
+                    f"{reported[reported.index(first) + 1]!r} after {first!r}: put `...` between them")
+        shown = [item.partition('"')[2].partition('"')[0] for item in items if item != "..."]
+        assert shown == sorted(shown) and set(shown) <= set(reported), (shown, reported)
+
+
 def test_make_show_names_the_image_the_page_runs():
     shown = subprocess.run(["make", "show"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     assert f'"app": "{CONFIG.image("app")}"' in shown, shown

@@ -19,8 +19,8 @@ from support.tiers import TIER, check_tier, deselected_reason, patches_proven, r
 
 # Directories whose fixtures outlive a module: each is one work unit.
 WHOLE_DIRECTORIES = ("tests/arm64", "tests/bench", "tests/publish", "tests/runtimes", "tests/sif", "tests/sites")
-# The longest work units, longest first (build/test-durations.json of a full run; docs/testing.md): with two workers,
-# starting them first keeps one long unit from running alone at the end.
+# The longest work units, longest first (build/test-durations.json of a full run; docs/measurements.md, "Where the
+# test time goes"): with two workers, starting them first keeps one long unit from running alone at the end.
 LONGEST_FIRST = ("tests/images/app/test_training.py", "tests/cluster/test_slurm.py", "tests/cluster/test_elastic.py",
                  "tests/sites", "tests/bench", "tests/images/app/test_keras3.py", "tests/sif", "tests/runtimes",
                  "tests/images/horovod/test_horovod.py", "tests/publish")
@@ -133,7 +133,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own --durations list: the time spent in each test directory (setup, call and teardown of its
-    tests, so a module fixture's start-up counts where it is used), the table docs/testing.md keeps; every test's
+    tests, so a module fixture's start-up counts where it is used), the table docs/measurements.md records; every test's
     times also go to build/test-durations.json (test id -> seconds of setup, call, teardown and the setup's start
     time), to find where a directory's time goes; last, how busy the machine's cores were over the run."""
     totals, counts, durations = {}, {}, {}

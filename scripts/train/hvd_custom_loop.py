@@ -20,6 +20,7 @@ optimizer and position are committed in memory every --commit-steps steps; when 
 back to the last commit, Horovod starts again with the hosts there are, rank 0's state is broadcast, and the epoch
 goes on after the samples it has done, with the learning rate scaled for the new number of ranks.
 """
+import socket
 import sys
 import time
 
@@ -210,7 +211,7 @@ def main():
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
-        "rank": rank, "size": size, "script": "hvd_custom_loop",
+        "host": socket.gethostname(), "rank": rank, "size": size, "script": "hvd_custom_loop",
         "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),

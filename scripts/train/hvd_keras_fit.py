@@ -27,6 +27,7 @@ state is broadcast, and Model.fit goes on after the samples the epoch has done, 
 scaled for the new number of ranks.
 """
 import os
+import socket
 import sys
 import time
 
@@ -202,7 +203,7 @@ def main():
     log(chief, f"test loss {test_loss:.4f}, test accuracy {test_accuracy:.4f}, {seconds:.1f} s")
     failures = [] if max_difference == 0.0 else [f"weights differ across ranks by up to {max_difference}"]
     report({
-        "rank": rank, "size": size, "script": "hvd_keras_fit",
+        "host": socket.gethostname(), "rank": rank, "size": size, "script": "hvd_keras_fit",
         "keras": keras_version(model), "dataset": args.dataset, "model": args.model,
         "batch_per_rank": batch, "global_batch": batch * size,
         "steps_per_epoch": steps_per_epoch(args, len(x_train), batch * size),

@@ -40,14 +40,14 @@ def test_generic_pmix_job_runs_the_allreduce_smoke_test_on_two_nodes(slurm_clust
     assert not any(r["failures"] for r in reports) and reports[0]["allreduce"] == reports[1]["allreduce"]
 
 
-def test_daint_horovod_job_trains_with_identical_weights(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-pmix.sbatch", "tfhpc-smoke-train --epochs 3")
-    reports = results(output)
-    assert (rc, state) == (0, "COMPLETED"), output
+def test_daint_horovod_job_trains_with_identical_weights(hvd_fit_job):
+    """horovod-srun-pmix.sbatch with the Horovod fit: one rank on each node, equal weights, the loss falls (the run
+    is also the signalled job's uninterrupted reference)."""
+    reports, output = hvd_fit_job
     assert {r["host"] for r in reports} == set(NODES) and [r["size"] for r in reports] == [2, 2]
-    assert all(r["max_weight_difference_across_ranks"] == 0.0 for r in reports)
+    assert all(r["max_weight_difference_across_ranks"] == 0.0 and r["failures"] == [] for r in reports)
     assert reports[0]["losses"][-1] < 0.5 * reports[0]["losses"][0]
-    assert "tfhpc: 2 node(s), 2 rank(s): tfhpc-smoke-train --epochs 3" in output
+    assert f"tfhpc: 2 node(s), 2 rank(s): {TRAINING} --weights-out uninterrupted.npz" in output
 
 
 def test_gloo_job_without_mpi_allreduces_on_two_nodes(slurm_cluster, sif):
@@ -122,12 +122,11 @@ def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):
     assert not any(r["failures"] for r in reports)
 
 
-def test_jeanzay_mwms_job_trains_from_the_slurm_step(slurm_cluster, sif):
-    job, state, rc, output = sbatch(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
-                                    "--epochs 2 --train-samples 2000 --test-samples 400 --verbose 0")
-    reports = results(output)
-    assert (rc, state) == (0, "COMPLETED"), output
-    assert [r["replicas_in_sync"] for r in reports] == [2, 2]
+def test_jeanzay_mwms_job_trains_from_the_slurm_step(mwms_fit_job):
+    """mwms-slurm-resolver.sbatch: TF_CONFIG from the Slurm step (SlurmClusterResolver), the port block from the job
+    id, equal weights (the run is also the killed worker's uninterrupted reference)."""
+    reports = mwms_fit_job
+    assert [r["replicas_in_sync"] for r in reports] == [2, 2] and reports[0]["cluster_source"] == "slurm"
     assert {a.rpartition(":")[0] for a in reports[0]["addresses"]} == set(NODES)
     port = int(reports[0]["addresses"][0].rpartition(":")[2])
     assert 10000 <= port < 20000 and (port - 10000) % 32 == 0  # the job id's port block
@@ -317,10 +316,17 @@ def max_weight_difference(cluster, sif, first, second):
     return float(difference.strip().splitlines()[-1])
 
 
-def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run(slurm_cluster, sif):
+@pytest.fixture(scope="module")
+def hvd_fit_job(slurm_cluster, sif):
+    """(RESULT lines, output) of an uninterrupted TRAINING job under horovod-srun-pmix.sbatch; its weights in
+    /jobs/out/uninterrupted.npz."""
     _, state, rc, output = sbatch(slurm_cluster, sif, "horovod-srun-pmix.sbatch",
                                   f"{TRAINING} --weights-out uninterrupted.npz")
     assert (rc, state) == (0, "COMPLETED"), output
+    return results(output, 2), output
+
+
+def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run(slurm_cluster, sif, hvd_fit_job):
     job = submit(slurm_cluster, sif, "horovod-srun-pmix.sbatch",
                  f"{TRAINING} --log-steps 1 --checkpoint-dir ckpt-signalled --resume auto --weights-out signalled.npz")
     times, output = interrupt_and_follow(slurm_cluster, job, SIGNAL_AT, "ctl", f"scancel --signal=USR1 --batch {job}",
@@ -334,15 +340,20 @@ def test_signalled_job_saves_requeues_resumes_and_ends_like_an_uninterrupted_run
     assert [r["rank"] for r in stopped] == [0, 1] and [r["rank"] for r in finished] == [0, 1], output
     (epoch, step), = {(r["stopped"]["epoch"], r["stopped"]["step"]) for r in stopped}
     assert epoch == 1 and 5 <= step < stopped[0]["steps_per_epoch"], "mid-epoch 2, at or after the signal"
-    assert all(r["stopped"]["signal"] == "SIGUSR1" and r["stopped"]["steps_since_signal"] <= 1 for r in stopped), \
-        "the signal reached both ranks in their containers"
+    # The job script signals the ranks of every node at about the same time, but a step takes some 40 ms here: the
+    # first rank's signal stops all of them at the next step's agreement, and the other node's may arrive after it
+    # (that rank's "signal" is then None). What must hold: the signal reached a rank in its container, and every rank
+    # that had it stopped within one step.
+    signalled = [r for r in stopped if r["stopped"]["signal"] is not None]
+    assert signalled and all(r["stopped"]["signal"] == "SIGUSR1" and r["stopped"]["steps_since_signal"] <= 1
+                             for r in signalled), [r["stopped"] for r in stopped]
     assert stopped[0]["checkpoints_written"] == ["epoch-0001", f"epoch-0001-step-{step:06d}"]
     for report in finished:
         assert (report["initial_epoch"], report["initial_step"]) == (epoch, step), "no step done twice"
         assert report["size"] == 2 and report["failures"] == []
     difference = max_weight_difference(slurm_cluster, sif, "uninterrupted.npz", "signalled.npz")
     print(f"Slurm: USR1 at step {step} of epoch 2; ranks saved and exited in "
-          f"{max(r['stopped']['seconds_since_signal'] for r in stopped):.2f} s, job requeued "
+          f"{max(r['stopped']['seconds_since_signal'] for r in signalled):.2f} s, job requeued "
           f"{times['requeued']:.1f} s after the signal, running again after {times['running']:.1f} s, first resumed "
           f"step after {times['first_step']:.1f} s ({times['first_step'] - times['requeued']:.1f} s after the "
           f"requeue); 0 steps redone; resumed vs uninterrupted: max |dw| = {difference:.3g}")
@@ -362,11 +373,18 @@ KILL_AT = "epoch 2/3 step 25/"
 KILL_WORKER = "pkill -KILL -f '[/]opt/tfhpc/scripts/train/'"  # on node2: the worker's Python process in apptainer
 
 
-def test_killed_worker_fails_the_job_which_requeues_and_resumes_from_the_backup(slurm_cluster, sif):
+@pytest.fixture(scope="module")
+def mwms_fit_job(slurm_cluster, sif):
+    """The RESULT lines of an uninterrupted MWMS_TRAINING job under mwms-slurm-resolver.sbatch; its weights in
+    /jobs/out/mwms-uninterrupted.npz."""
     _, state, rc, output = sbatch(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
                                   f"{MWMS_TRAINING} --weights-out mwms-uninterrupted.npz")
     assert (rc, state) == (0, "COMPLETED"), output
-    uninterrupted = results(output)
+    return results(output, 2)
+
+
+def test_killed_worker_fails_the_job_which_requeues_and_resumes_from_the_backup(slurm_cluster, sif, mwms_fit_job):
+    uninterrupted = mwms_fit_job
     job = submit(slurm_cluster, sif, "mwms-slurm-resolver.sbatch",
                  f"{MWMS_TRAINING} --log-steps 1 --backup-dir backup-killed --backup-every-steps {BACKUP_EVERY} "
                  "--weights-out mwms-killed.npz")

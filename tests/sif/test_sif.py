@@ -109,7 +109,9 @@ def test_users_keras_script_with_the_tensorboard_callback_runs_unchanged(user_ho
     user_host.check_output(f"mkdir -p /tmp/userjob-tb && printf '%s' {shlex.quote(source)} > /tmp/userjob-tb/train.py")
     out = user_host.check_output(f"apptainer exec -B /tmp/userjob-tb:/job {in_sif} mpirun -np 2 python /job/train.py "
                                  f"/job/logs")
-    assert [r["size"] for r in results(out, 2)] == [2, 2]
+    reports = results(out, 2)
+    assert [r["size"] for r in reports] == [2, 2]
+    assert reports[0]["losses"] == pytest.approx(reports[1]["losses"], rel=1e-6), "the ranks' averaged metrics"
     assert user_host.check_output("ls /tmp/userjob-tb/logs/train").startswith("events.out.tfevents.")
 
 

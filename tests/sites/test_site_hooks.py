@@ -61,8 +61,14 @@ def run_in_sif(helper, sif, name, prefix):
     return helper(commands(launch), timeout=600)
 
 
-@pytest.fixture(scope="module", params=[(name, *form) for name in sorted(HOST_MPIS) for form in FORMS],
-                ids=lambda p: "-".join(p))
+# The bind form in Docker repeats the SIF's (the same library mounted over the image's, by another runtime's mount):
+# the full tier's.
+REPEATED = pytest.mark.full("the bind form from the SIF (apptainer -B), the same mounts; the path form in Docker")
+RUNS = [pytest.param((name, *form), id="-".join((name, *form)), marks=[REPEATED] if form == ("bind", "docker") else [])
+        for name in sorted(HOST_MPIS) for form in FORMS]
+
+
+@pytest.fixture(scope="module", params=RUNS)
 def hooked_run(request, site_mpis, mpich_image, mpich_sif, helper):
     """(host MPI name, its prefix, form, the output of the doctor's run and the collectives' run)."""
     name, form, where = request.param

@@ -24,6 +24,7 @@ the same script fails with the error the patch's header names.
 These tests live with the app layer, although the Keras patches are the tensorflow layer's: the scripts need
 Horovod and the MWMS launcher, and a run on every image below would multiply the time for no new coverage.
 """
+import json
 import shlex
 
 import pytest
@@ -308,6 +309,38 @@ def test_the_image_ships_the_examples(host, image_layer):
 # broadcast callbacks and hvd.load_model, and MultiWorkerMirroredStrategy fit with its chief checkpoint.
 
 TF_KERAS3 = {"hvd": "keras3_hvd_keras_callbacks.py", "mwms": "keras3_mwms_fit.py"}
+# The 2-rank runs of those scripts through tf.keras are the full tier's: with TF_USE_LEGACY_KERAS=0, tf.keras hands
+# out Keras 3's own objects (test_tf_keras_is_keras_3_itself), so they run the code of the `import keras` runs above.
+SAME_OBJECTS = pytest.mark.full("tf.keras's objects are keras's (test_tf_keras_is_keras_3_itself); the same scripts "
+                                "with `import keras`: test_horovod_learning_rate_warmup_and_schedule_callbacks, "
+                                "test_mwms_fit_learns_and_the_workers_agree")
+# Runs in the container with TF_USE_LEGACY_KERAS=0: which of the objects the scripts take from tf.keras are Keras 3's
+# own, and the class Horovod's DistributedOptimizer makes of a tf.keras optimizer (one process, hvd.init of size 1).
+TF_KERAS_OBJECTS = """
+import json
+import keras
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+hvd.init()
+names = ["Model", "Sequential", "layers.Dense", "optimizers.SGD", "optimizers.schedules.ExponentialDecay",
+         "callbacks.ModelCheckpoint", "callbacks.BackupAndRestore", "callbacks.TensorBoard", "models.load_model"]
+def get(root, name):
+    for part in name.split("."):
+        root = getattr(root, part)
+    return root
+optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
+print(json.dumps({"same": {name: get(tf.keras, name) is get(keras, name) for name in names},
+                  "versions": [tf.keras.__version__, keras.__version__],
+                  "distributed": [isinstance(optimizer, keras.optimizers.Optimizer), type(optimizer).__mro__[1].__module__]}))
+"""
+
+
+def test_tf_keras_is_keras_3_itself(host, image_layer):
+    found = json.loads(host.check_output(f"TF_USE_LEGACY_KERAS=0 python -c {shlex.quote(TF_KERAS_OBJECTS)}")
+                       .splitlines()[-1])
+    assert all(found["same"].values()), found["same"]
+    assert found["versions"][0] == found["versions"][1] and found["versions"][0].startswith("3."), found["versions"]
+    assert found["distributed"] == [True, "keras.src.optimizers.sgd"], found["distributed"]
 
 
 @pytest.fixture(scope="module")
@@ -324,6 +357,7 @@ def tf_keras3_reports(host, work):
     return hvd, mwms
 
 
+@SAME_OBJECTS
 def test_tf_keras_as_keras3_with_horovod_optimizer_callbacks_and_load_model(image_layer, tf_keras3_reports):
     hvd, _ = tf_keras3_reports
     for report in hvd:
@@ -334,6 +368,7 @@ def test_tf_keras_as_keras3_with_horovod_optimizer_callbacks_and_load_model(imag
     assert hvd[0]["trained_on_digest"] == hvd[1]["trained_on_digest"] != hvd[0]["weights_digest"]
 
 
+@SAME_OBJECTS
 def test_tf_keras_as_keras3_with_mwms_fit(image_layer, tf_keras3_reports):
     _, mwms = tf_keras3_reports
     assert [(r["workers"], r["keras"].split(".")[0]) for r in mwms] == [(2, "3"), (2, "3")]  # tf.keras.__version__

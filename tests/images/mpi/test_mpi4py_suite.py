@@ -22,7 +22,14 @@ MPIS = list(dict.fromkeys([CONFIG.mpi, *CONFIG.site_test_mpis]))
 REPORTS = "/tmp/mpi4py-suite-reports"
 
 
-@pytest.fixture(scope="module", params=MPIS)
+# Both rank counts on this configuration's MPI; the other images' single rank is the full tier's.
+ONE_RANK_ELSEWHERE = pytest.mark.full(f"the same suite on 2 ranks of that image's MPI; 1 rank on {CONFIG.mpi}'s image")
+SUITE_RUNS = [pytest.param(mpi, ranks, id=f"{mpi}-{ranks}",
+                           marks=[ONE_RANK_ELSEWHERE] if ranks == 1 and mpi != CONFIG.mpi else [])
+              for mpi in MPIS for ranks in (1, 2)]
+
+
+@pytest.fixture(scope="module")
 def suite_host(request, docker_client):
     """A container of the app image of MPI `request.param` with the suite copied in: (testinfra host, the image's MPI
     as mpi4py's MPI.get_vendor() names it, e.g. ("Open MPI", "5.0.7"))."""
@@ -55,7 +62,7 @@ def run_suite(host, ranks, arguments=()):
     return done.rc, [mpi4py_suite.parse(report) for report in reports], shown
 
 
-@pytest.mark.parametrize("ranks", (1, 2))
+@pytest.mark.parametrize("suite_host, ranks", SUITE_RUNS, indirect=["suite_host"])
 def test_mpi4py_suite_passes(suite_host, ranks):
     host, mpi = suite_host
     defect = KNOWN_DEFECTS.get(mpi)
@@ -67,6 +74,7 @@ def test_mpi4py_suite_passes(suite_host, ranks):
     assert rc == 0, shown
 
 
+@pytest.mark.parametrize("suite_host", MPIS, indirect=True)
 def test_known_defects_tests(request, suite_host):
     host, mpi = suite_host
     if mpi in KNOWN_DEFECTS:

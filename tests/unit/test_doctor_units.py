@@ -168,3 +168,18 @@ def test_keras_names_both_kerases_and_the_patches(tmp_path, monkeypatch):
     assert check["status"] == "info"
     assert check["detail"].startswith("`import keras` is Keras 3.99.1 (patched: 0001-mwms-first-batch-build.patch); "
                                       "tf.keras is tf_keras 9.8.7 (TF_USE_LEGACY_KERAS=1)")
+
+
+@pytest.mark.parametrize("tf_config, phrase", [
+    ("{not json", "is not valid JSON"),
+    ('{"cluster": {"worker": ["node1:2222"]}, "task": {"type": "worker", "index": 3}}', "task index 3 is outside"),
+    ('{"cluster": {"worker": ["node1"]}, "task": {"type": "worker", "index": 0}}', "host:port"),
+])
+def test_a_malformed_tf_config_fails_with_a_fix(monkeypatch, tf_config, phrase):
+    doctor = load_doctor()
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    report = doctor.Report()
+    doctor.check_tf_config(report, {"slurm_step": False})
+    (entry,) = [c for c in report.checks if c["name"] == "TF_CONFIG"]
+    assert entry["status"] == doctor.FAIL and phrase in entry["detail"] and entry["fix"], entry

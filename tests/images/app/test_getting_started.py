@@ -102,6 +102,9 @@ def test_multiworkermirroredstrategy_trains_on_two_workers_as_the_page_runs_it(r
     assert reports[0]["weights_sum"] == reports[1]["weights_sum"]
 
 
+@pytest.mark.full("the same script under the same launcher: tests/images/app/test_keras3.py's "
+                  "test_horovod_gradient_tape_learns_and_the_ranks_agree; `docker run` through the entrypoint: the "
+                  "page's other commands here")
 @pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16): the page's example "
                                                   "is a Keras 3 script")
 def test_the_keras_3_example_trains_on_two_ranks_as_the_page_runs_it(ran, image_layer):

@@ -47,10 +47,14 @@ def test_horovods_libraries_carry_no_debug_information(host, image_layer):
         assert not [name for name in sections if name.startswith(".debug_")], (library, sections)
 
 
+# One launcher in the test tier; the others start the same script elsewhere there: Gloo across two nodes
+# (tests/cluster/test_multinode.py), the image's mpirun from the SIF (tests/sif/test_sif.py).
 @pytest.mark.parametrize("launcher, controller", [
     ("horovodrun -np 2 --mpi", "mpi"),
-    ("horovodrun -np 2 --gloo", "gloo"),
-    ("mpirun -np 2", "mpi"),
+    pytest.param("horovodrun -np 2 --gloo", "gloo", marks=pytest.mark.full(
+        "horovodrun --gloo with the same script across two nodes: tests/cluster/test_multinode.py")),
+    pytest.param("mpirun -np 2", "mpi", marks=pytest.mark.full(
+        "the image's mpirun with the same script: tests/sif/test_sif.py's test_two_ranks_with_the_images_mpirun")),
 ])
 def test_two_rank_collectives_exact(host, image_layer, launcher, controller):
     command = f"{launcher} python {script('smoke/hvd_collectives.py')}"
@@ -58,6 +62,8 @@ def test_two_rank_collectives_exact(host, image_layer, launcher, controller):
     check_collective_reports(reports, 2, SIZES, DTYPES, controller)
 
 
+@pytest.mark.full("the same smoke training under horovodrun, MPI and Gloo, across two nodes: "
+                  "tests/cluster/test_multinode.py; the training entrypoints: tests/images/app/test_training.py")
 def test_two_rank_keras_training(host, image_layer):
     reports = run_ranks(host, f"horovodrun -np 2 python {script('smoke/hvd_keras_train.py')} --epochs 4")
     for report in reports:

@@ -85,7 +85,6 @@ def test_http_proxy_is_flagged_unless_no_proxy_covers_the_workers(host, image_la
     assert check(report, "TF_CONFIG")["detail"] == "worker 0 of 2 workers: node1:2222"
 
 
-# The check itself: tests/unit/test_doctor_units.py; in the image it runs with a valid TF_CONFIG above.
 @pytest.mark.full("the same check on the host: tests/unit/test_doctor_units.py's "
                   "test_a_malformed_tf_config_fails_with_a_fix; the image's doctor reads TF_CONFIG in the proxy test")
 @pytest.mark.parametrize("tf_config, phrase", [

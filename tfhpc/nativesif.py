@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .apptainer import Apptainer, scratch_dir
-from .common import REPO_ROOT, log
+from .common import REPO_ROOT, UserError, log
 from .dockerhost import client
 from .lock import check_locks
 from .manifest import Config, Manifest
@@ -29,6 +29,12 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
     into build/native/ (each written under a temporary name and renamed). The base recipe's registry header is swapped
     for the local root image (the `base_source` root, saved with docker) so that this also runs where no registry is
     reachable; the rest of every recipe is used as committed."""
+    staged = [f"{layer} (stage `{config.build_target(layer)}`)" for layer in manifest.layers.names
+              if config.build_target(layer)]
+    if staged:
+        raise UserError(f"{config.tag} has no native recipe: its {', '.join(staged)} is a Dockerfile stage of its own "
+                        "(an MPI from a PyPI wheel), which the recipes leave out; use `make sif`, or a configuration "
+                        "with Debian's MPI (MPI=mpich, STACK=conservative)")
     check_locks(config)  # the recipes install from the locks, as the Dockerfiles do
     recipes = {layer: NATIVE_DIR / f"{layer}.def" for layer in manifest.layers.names}
     args = ARGS_DIR / f"{config.tag}.args"

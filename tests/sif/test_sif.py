@@ -8,6 +8,7 @@ import pytest
 from support.collectives import check_collectives
 from support.results import results
 from support.stack import CONFIG, REPO_ROOT, SINGLE_COPY_ALLREDUCE
+from tfhpc.apptainer import outer_openmpi_package_version
 from tfhpc.manifest import upstream_version
 
 
@@ -148,12 +149,12 @@ def test_nv_on_a_host_without_gpu_runs_the_cpu_path(user_host, in_sif):
 
 @pytest.mark.skipif(CONFIG.mpi != "openmpi", reason="the helper's outer launcher is Open MPI")
 def test_hybrid_launch_with_outer_mpirun(user_host, in_sif):
-    """mpirun outside, apptainer inside: needs an outer Open MPI of the image's version (docs/host-mpi.md,
-    hybrid launch)."""
+    """mpirun outside, apptainer inside: needs an outer Open MPI of the image's series, Debian's: the image's own
+    release, or (PyPI's wheel in the image) the one versions.toml names (docs/host-mpi.md, hybrid launch)."""
     if not user_host.exists("mpirun"):
         pytest.fail("the SIF helper image lacks the outer Open MPI (recipes/builder/Dockerfile)")
-    image_version = upstream_version(CONFIG.os["mpi"]["openmpi"]["package_version"])
-    assert f"(Open MPI) {image_version}" in user_host.check_output("mpirun --version")
+    outer_version = upstream_version(outer_openmpi_package_version(CONFIG))
+    assert f"(Open MPI) {outer_version}" in user_host.check_output("mpirun --version")
     out = user_host.check_output(f"mpirun -np 2 apptainer exec {in_sif} tfhpc-smoke-collectives "
                                  "--sizes 1,4096 --dtypes float32,int32")
     check_collectives(out, controller="mpi")

@@ -95,6 +95,12 @@ def test_openmpi_image_takes_a_host_open_mpi_and_its_prefix(tmp_path):
     hostenv.apply(environ, family="openmpi")
     assert environ["LD_LIBRARY_PATH"] == str(libdir)
     assert environ["OPAL_PREFIX"] == str(tmp_path / "ompi5")
+    # mpi4py's binary wheel would take the image's /opt/venv/lib/libmpi.so.40 by path: it is given the host's
+    assert environ["MPI4PY_LIBMPI"] == str(libdir / "libmpi.so.40")
+    assert "MPI4PY_LIBMPI" not in hostenv.apply(environ, family="openmpi")  # applied twice: set once
+    chosen = {hostenv.HOST_MPI_VARIABLE: str(tmp_path / "ompi5"), "MPI4PY_LIBMPI": "/mine/libmpi.so.40"}
+    hostenv.apply(chosen, family="openmpi")
+    assert chosen["MPI4PY_LIBMPI"] == "/mine/libmpi.so.40"  # the caller's own choice is kept
 
 
 @pytest.mark.parametrize("name, sub", [("impi", "lib"), ("ompi6", "lib/x86_64-linux-gnu")])

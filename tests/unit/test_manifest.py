@@ -37,7 +37,11 @@ def test_build_args_carry_the_pins(manifest):
     data = manifest.data
     assert args["TENSORFLOW_VERSION"] == data["stacks"]["latest"]["tensorflow"]
     assert args["HOROVOD_VERSION"] == data["defaults"]["horovod"]
-    assert args["HOROVOD_PATCHES"].split() == data["stacks"]["latest"]["horovod_patches"]
+    # the default MPI, Open MPI, adds its own patches (horovod_openmpi_patches); MPICH takes the stack's alone
+    assert args["HOROVOD_PATCHES"].split() == (data["stacks"]["latest"]["horovod_patches"]
+                                               + data["stacks"]["latest"]["horovod_openmpi_patches"])
+    mpich = manifest.config("latest", mpi="mpich").build_args()
+    assert mpich["HOROVOD_PATCHES"].split() == data["stacks"]["latest"]["horovod_patches"]
     assert args["MPI_PACKAGE_VERSION"] == data["os"][data["stacks"]["latest"]["os"]]["mpi"]["openmpi"]["package_version"]
     conservative = manifest.config("conservative").build_args()
     assert conservative["TF_KERAS_VERSION"] == "" and conservative["TF_USE_LEGACY_KERAS"] == "0"
@@ -132,7 +136,8 @@ def test_gpu_flavour_pins_tensorflows_tested_cuda_build(manifest):
     assert pins["nvidia-cudnn-cu12"].startswith(gpu["cudnn"])
     assert args["CUDA_ARCHITECTURES"] == gpu["cuda_architectures"] and args["CUDA_HOST_COMPILER"]
     assert args["HOROVOD_PATCHES"].split() == (manifest.data["stacks"]["latest"]["horovod_patches"]
-                                               + manifest.data["stacks"]["latest"]["horovod_gpu_patches"])
+                                               + manifest.data["stacks"]["latest"]["horovod_gpu_patches"]
+                                               + manifest.data["stacks"]["latest"]["horovod_openmpi_patches"])
     labels = config.labels("tensorflow")
     for component in ("cuda", "cudnn", "nccl"):
         assert labels[f"io.tfhpc.{component}.version"] == config.gpu[component]

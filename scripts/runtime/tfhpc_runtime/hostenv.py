@@ -48,6 +48,7 @@ HOST_LIBS_VARIABLE = "TFHPC_HOST_LIBS"
 NETMOD_VARIABLE = "MPIR_CVAR_CH4_NETMOD"
 REMOVED_VARIABLE = "TFHPC_HOST_ENV_REMOVED"     # what was removed, for the doctor
 LIBDIR_VARIABLE = "TFHPC_HOST_MPI_LIBDIR"       # the host library directory put first, for the doctor
+MPI4PY_LIBRARY_VARIABLE = "MPI4PY_LIBMPI"       # the MPI library mpi4py's binary wheel loads (mpi4py/_mpiabi.py)
 
 # Install-directory overrides read by Open MPI (opal installdirs "env" component), OpenPMIx (pinstalldirs; its prefix is
 # PMIX_INSTALL_PREFIX, PMIX_PREFIX in old releases and as Open MPI 5's launcher passes it on) and PRRTE
@@ -188,6 +189,11 @@ def prepare(environ, family=None):
         changes["OPAL_PREFIX"] = prefix   # a relocated Open MPI (a wheel, a moved tree) finds its files by it
     changes["LD_LIBRARY_PATH"] = _prepend_path(environ.get("LD_LIBRARY_PATH"), library_dir, *host_libs)
     changes[LIBDIR_VARIABLE] = str(library_dir)
+    if MPI4PY_LIBRARY_VARIABLE not in environ:
+        # mpi4py's binary wheel looks for its MPI library in the venv's lib/ before the loader's search: there it finds
+        # the image's Open MPI (PyPI's wheel in /opt/venv) by path, whatever LD_LIBRARY_PATH says, while Horovod loads
+        # libmpi.so.40 by name, the host's: two MPI libraries in one rank. Named, the host library is mpi4py's too.
+        changes[MPI4PY_LIBRARY_VARIABLE] = str(library_dir / ABI_SONAMES[family])
     return changes
 
 

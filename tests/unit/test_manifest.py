@@ -51,8 +51,10 @@ def test_build_args_carry_the_pins(manifest):
 def test_labels_have_one_version_label_per_component(manifest):
     config = manifest.config("latest", mpi="mpich")
     labels = config.labels("mpi")
-    assert labels["io.tfhpc.mpi.version"] == "mpich " + upstream_version(
-        manifest.data["os"][config.os_release]["mpi"]["mpich"]["package_version"])
+    spec = manifest.data["os"][config.os_release]["mpi"]["mpich"]
+    # an MPI from a PyPI wheel names the wheel too (MPI=abi: "abi mpich <version>")
+    assert labels["io.tfhpc.mpi.version"] == " ".join(
+        ["mpich", *([spec["wheel"]] if spec.get("wheel") else []), upstream_version(spec["package_version"])])
     for component in ("tensorflow", "tf_keras", "horovod", "mpi4py", "python", "os"):
         assert f"io.tfhpc.{component}.version" in labels
     assert labels["org.opencontainers.image.title"] == "tfhpc-mpi"

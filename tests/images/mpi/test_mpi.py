@@ -31,7 +31,7 @@ def test_mpi4py_uses_the_same_mpi_library(host, image_layer):
     assert CONFIG.versions["mpi4py"] == host.check_output("python -c 'import mpi4py; print(mpi4py.__version__)'")
 
 
-@pytest.mark.skipif(CONFIG.mpi != "mpich", reason="the MPICH images only: libmpi.so.12 is the MPICH ABI's name")
+@pytest.mark.skipif(CONFIG.mpi != "mpich" or CONFIG.mpi_wheel, reason="Debian's MPICH only: libmpich.so.12")
 def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer):
     """mpi4py and Horovod name their MPI libmpi.so.12, the MPICH ABI Compatibility Initiative's name, a link to Debian's
     libmpich.so.12: the name a site's MPI hook binds a host library over or puts first on LD_LIBRARY_PATH
@@ -110,16 +110,42 @@ def test_open_mpi_wheel_runs_from_its_prefix_and_a_host_library_first_wins(host,
     files = host.check_output("ompi_info --parsable --all | grep ':mca_base_param_files:value:'")
     assert files.endswith(",/opt/openmpi/etc/openmpi-mca-params.conf"), files
     assert host.file("/opt/openmpi/etc/openmpi-mca-params.conf").exists
-    # the fabric plugins (UCX's ib, mlx5, rdmacm, efa; libfabric's verbs, efa, psmx2) find the system's rdma-core and
-    # PSM2: without them the MPI would run over TCP alone on an InfiniBand, RoCE, EFA or Omni-Path node
-    plugins = host.check_output("ls /opt/venv/lib/openmpi/ucx/*.so* /opt/venv/lib/openmpi/libfabric/*.so").split()
+    fabric_plugins_resolve(host, "/opt/venv/lib/openmpi")
+    assert image_library_then_host_library_first(host, image_layer, "libmpi.so.40", "/mpi4py/MPI.openmpi.")
+
+
+def fabric_plugins_resolve(host, directory):
+    """The wheel's fabric plugins (UCX's ib, mlx5, rdmacm, efa; libfabric's verbs, efa, psmx2) find the system's
+    rdma-core and PSM2: without them the MPI would run over TCP alone on an InfiniBand, RoCE, EFA or Omni-Path node."""
+    plugins = host.check_output(f"ls {directory}/ucx/*.so* {directory}/libfabric/*.so").split()
     assert len(plugins) >= 8, plugins
     for plugin in plugins:
         linked = host.check_output(f"ldd {plugin}")
         missing = [line for line in linked.splitlines() if "not found" in line]
         assert not missing and ("libibverbs.so.1 => " in linked or "libpsm2.so.2 => " in linked
                                 or plugin.endswith("libuct_cma.so.0")), (plugin, linked)
-    assert image_library_then_host_library_first(host, image_layer, "libmpi.so.40", "/mpi4py/MPI.openmpi.")
+
+
+@pytest.mark.skipif(not (CONFIG.mpi == "mpich" and CONFIG.mpi_wheel), reason="the MPICH of PyPI's wheel only")
+def test_mpich_wheel_keeps_the_mpich_abi_alone_and_a_host_library_first_wins(host, root_host, image_layer):
+    """PyPI's mpich wheel in /opt/venv (containers/mpi/Dockerfile): libmpi.so.12 from the ld cache (which lists a
+    library under its SONAME), and no library of another ABI (the wheel's libmpi_abi.so.1), header or compiler wrapper; the wheel's
+    libfabric and UCX load the system's rdma-core; a singleton runs; mpi4py and Horovod load libmpi.so.12 by name
+    with no RPATH to /opt/venv/lib, so a directory first on LD_LIBRARY_PATH wins (TFHPC_HOST_MPI, a site's hook)."""
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert re.search(r"libmpi\.so\.12 .*=> /opt/venv/lib/libmpi\.so\.12$", cache, re.M), cache
+    assert not re.search(r"lib(mpi_abi|mpich|ucp|fabric)\.so", cache), cache
+    found = root_host.check_output("find / -xdev \\( -name 'libmpi*.so*' -o -name 'libmpich*' -o -name 'mpi.h' "
+                                   "-o -name 'mpi_abi.h' -o -name 'mpicc*' -o -name 'mpicxx*' \\) -print")
+    assert found.split() == ["/opt/venv/lib/libmpi.so.12"], found
+    singleton = host.check_output("cd /tmp && python -c 'from mpi4py import MPI; "
+                                  "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
+    assert singleton.splitlines()[-1] == "1 3", singleton
+    fabric_plugins_resolve(host, "/opt/venv/lib/mpich")
+    for path in image_library_then_host_library_first(host, image_layer, "libmpi.so.12", "/mpi4py/MPI."):
+        searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
+        assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
+                             searched), (path, searched[-3000:])
 
 
 # Open MPI releases whose `mpirun --output-filename` loses the ranks' output (docs/known-issues.md).

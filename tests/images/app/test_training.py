@@ -198,25 +198,32 @@ def stop_tensorboard(host, group):
     return gone.rc == 0
 
 
+@pytest.fixture(scope="module")
+def tensorboard(host, work, full_runs):
+    """The shipped `tensorboard` command on the work directory, where each entrypoint's full run wrote its logs
+    (TensorBoard names each run by its directory, e.g. hvd_keras_fit-logs/train): (port, log file); one server for
+    every entrypoint's test, stopped at the end of the module."""
+    for name in ENTRYPOINTS:
+        full_runs(name)
+    port, group = serve_tensorboard(host, work)
+    yield port, f"{work}.tensorboard.log"
+    assert stop_tensorboard(host, group), "TensorBoard's process group did not stop"
+
+
 @pytest.mark.parametrize("name", list(ENTRYPOINTS))
-def test_tensorboard_serves_the_scalars_of_the_result_lines(host, image_layer, full_runs, name):
+def test_tensorboard_serves_the_scalars_of_the_result_lines(host, image_layer, full_runs, tensorboard, name):
     reports, _ = full_runs(name)
     chief = reports[0]
-    log_dir = f"{WORK}/{name}-logs"
-    port, group = serve_tensorboard(host, log_dir)
-    try:
-        read = host.run(f"python -c {shlex.quote(READ_SCALARS)} {port} train epoch_loss,epoch_accuracy "
-                        f"{len(chief['losses'])} {TENSORBOARD_TIMEOUT}")
-        assert read.rc == 0, read.stderr + "\n" + host.run(f"tail -20 {log_dir}.tensorboard.log").stdout
-        served = json.loads(read.stdout)
-    finally:
-        stopped = stop_tensorboard(host, group)
+    port, log = tensorboard
+    read = host.run(f"python -c {shlex.quote(READ_SCALARS)} {port} {name}-logs/train epoch_loss,epoch_accuracy "
+                    f"{len(chief['losses'])} {TENSORBOARD_TIMEOUT}")
+    assert read.rc == 0, read.stderr + "\n" + host.run(f"tail -20 {log}").stdout
+    served = json.loads(read.stdout)
     for tag, expected in (("epoch_loss", chief["losses"]), ("epoch_accuracy", chief["accuracies"])):
         steps = [step for _, step, _ in served[tag]]
         values = [value for _, _, value in served[tag]]
         assert steps == list(range(len(expected))), (tag, steps)  # Keras' convention: step = epoch, from 0
         assert values == pytest.approx(expected, rel=1e-6), (tag, values, expected)  # stored as float32
-    assert stopped, "TensorBoard's process group did not stop"
 
 
 @pytest.mark.full("the same user script from the SIF: tests/sif/test_sif.py's "
@@ -279,8 +286,16 @@ def test_digits_file_missing_is_one_line_naming_the_fix(host, image_layer):
 EQUIVALENCE = "--epochs 2 --steps-per-epoch 4 --lr-scaling none --train-samples 1024 --test-samples 128 --verbose 0"
 
 
-@pytest.mark.parametrize("name, keras", [("hvd_keras_fit", ""), ("hvd_custom_loop", ""), ("mwms_keras_fit", ""),
-                                         ("hvd_keras_fit", TF_KERAS)])
+# The custom loops average as tests/images/app/test_keras3.py's examples do, with the same Horovod and MWMS code on a
+# Keras 3 model (DistributedGradientTape; strategy.run with the reduced loss): where the stack has Keras 3, those
+# examples' 2-against-1 runs prove it in the test tier, and these are the full tier's.
+LOOPS_AS_EXAMPLES = [pytest.mark.full("the same averaging on a Keras 3 model: test_keras3.py's "
+                                      "test_two_ranks_train_like_one_with_twice_the_batch")] * (DEFAULT_KERAS == "3")
+
+
+@pytest.mark.parametrize("name, keras", [
+    ("hvd_keras_fit", ""), pytest.param("hvd_custom_loop", "", marks=LOOPS_AS_EXAMPLES), ("mwms_keras_fit", ""),
+    ("hvd_keras_fit", TF_KERAS)])
 def test_two_ranks_average_gradients_like_one_process_with_twice_the_batch(host, image_layer, work, name, keras):
     # Horovod shards by rank (rank r takes samples r, r+2, ...) and then shuffles its own shard, so the samples of a
     # step match only unshuffled (--shuffle-buffer 0); MWMS shuffles the whole set with the global seed and then
@@ -295,10 +310,11 @@ def test_two_ranks_average_gradients_like_one_process_with_twice_the_batch(host,
     check_two_like_one(host, tag, reports, single, f"{work}/{tag}-eq2.npz", f"{work}/{tag}-eq1.npz")
 
 
-def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, work):
+@pytest.mark.parametrize("name", [pytest.param("mwms_custom_loop", marks=LOOPS_AS_EXAMPLES)])
+def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, work, name):
     args = f"{EQUIVALENCE} --weights-out {work}/mwms-loop-eq"
-    run_ranks(host, launch_mwms(python("mwms_custom_loop.py", f"{args}2.npz --batch-size 16")), 2)
-    single = run_ranks(host, python("mwms_custom_loop.py", f"{args}1.npz --batch-size 32"), 1)
+    run_ranks(host, launch_mwms(python(f"{name}.py", f"{args}2.npz --batch-size 16")), 2)
+    single = run_ranks(host, python(f"{name}.py", f"{args}1.npz --batch-size 32"), 1)
     difference = max_difference(host, f"{work}/mwms-loop-eq1.npz", f"{work}/mwms-loop-eq2.npz")
     print(f"mwms_custom_loop: 2x16 vs 1x32 after 8 steps: max |dw| = {difference:.3g}, weights moved "
           f"{single[0]['max_weight_change']:.3g}")
@@ -308,11 +324,13 @@ def test_mwms_custom_loop_averages_gradients_like_one_worker(host, image_layer, 
 # ---------------------------------------------------------------------------------------------------------------- #
 # Resume: stop after epoch 1, rerun with --resume: continues at epoch 2, ends where the uninterrupted run ended.
 
-# The resume is tfhpc_runtime/checkpoints.py's for every entrypoint; each fit and each loop wires it alike, so one of
-# each (and tf_keras') prove it in the test tier.
+# The resume is tfhpc_runtime/checkpoints.py's for every entrypoint; each fit and each loop wires it alike: the fits at
+# an epoch's end here (hvd_keras_fit, and mwms_keras_fit with tf_keras), the loops from a checkpoint within an epoch,
+# whose first case the epoch's end is, in test_signal_mid_epoch_... (mwms_custom_loop).
 @pytest.mark.parametrize("name, keras", [
-    pytest.param(name, keras, marks=pytest.mark.full("the same resume code: hvd_keras_fit, mwms_custom_loop"))
-    if (name, keras) in (("hvd_custom_loop", ""), ("mwms_keras_fit", "")) else (name, keras)
+    pytest.param(name, keras, marks=pytest.mark.full(
+        "the same resume code: hvd_keras_fit here; the loops' from a mid-epoch checkpoint: the signal test"))
+    if (name, keras) in (("hvd_custom_loop", ""), ("mwms_keras_fit", ""), ("mwms_custom_loop", "")) else (name, keras)
     for name, keras in FULL_RUNS])
 def test_resume_after_epoch_one_ends_like_an_uninterrupted_run(host, image_layer, work, full_runs, name, keras):
     full, full_weights = full_runs(name, keras)
@@ -552,16 +570,26 @@ def test_a_mid_epoch_checkpoint_resumed_with_other_ranks_is_one_line(host, image
     assert host.check_output(f"ls -lAR --time-style=full-iso {directory}") == before
 
 
-@pytest.mark.parametrize("written, resumed, flag", [
-    ("--model mlp", "--model cnn", "--model mlp"), ("--optimizer adam", "", "--optimizer adam"),
-    pytest.param(TF_KERAS, "--keras 3", TF_KERAS,
-                 marks=pytest.mark.skipif(DEFAULT_KERAS == "2", reason="the stack has Keras 2 only"))])
-def test_resume_from_another_models_checkpoint_is_one_line(host, image_layer, work, written, resumed, flag):
-    directory = f"{work}/mismatch-{written.split()[0].strip('-')}"
-    small = "--train-samples 256 --test-samples 64 --epochs 1 --verbose 0"
-    host.check_output(python("hvd_keras_fit.py", f"{small} {written} --checkpoint-dir {directory}"))
+# One checkpoint, written by one 1-rank run with each setting the cases check changed from its default; each case
+# resumes it with exactly one of them back at its default, which the one line must name.
+WRITTEN = {"--model mlp": "--model cnn", "--optimizer adam": "",
+           **({TF_KERAS: "--keras 3"} if DEFAULT_KERAS == "3" else {})}
+MISMATCH_RUN = "--train-samples 256 --test-samples 64 --epochs 1 --verbose 0"
+
+
+@pytest.fixture(scope="module")
+def other_settings_checkpoint(host, work):
+    directory = f"{work}/mismatch"
+    host.check_output(python("hvd_keras_fit.py", f"{MISMATCH_RUN} {' '.join(WRITTEN)} --checkpoint-dir {directory}"))
+    return directory
+
+
+@pytest.mark.parametrize("flag", list(WRITTEN))
+def test_resume_from_another_models_checkpoint_is_one_line(host, image_layer, other_settings_checkpoint, flag):
+    directory = other_settings_checkpoint
     before = host.file(f"{directory}/latest.json").content_string
-    result = host.run(python("hvd_keras_fit.py", f"{small} {resumed} --checkpoint-dir {directory} --resume"))
+    resumed = " ".join(WRITTEN[written] if written == flag else written for written in WRITTEN)
+    result = host.run(python("hvd_keras_fit.py", f"{MISMATCH_RUN} {resumed} --checkpoint-dir {directory} --resume"))
     # TensorFlow has started by then (its own log lines may precede ours): one line of ours, no traceback
     lines = [line for line in result.stderr.splitlines() if line.startswith("tfhpc: error: ")]
     assert result.rc == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

@@ -23,9 +23,9 @@ WHOLE_DIRECTORIES = ("tests/arm64", "tests/bench", "tests/publish", "tests/runti
 # The longest work units, longest first (build/test-durations.json of a full run; docs/measurements.md, "Where the
 # test time goes"): with two workers, starting them first keeps one long unit from running alone at the end.
 LONGEST_FIRST = ("tests/images/app/test_training.py", "tests/cluster/test_slurm.py", "tests/cluster/test_elastic.py",
-                 "tests/sites", "tests/images/mpi/test_mpi4py_suite.py", "tests/bench",
-                 "tests/images/app/test_keras3.py", "tests/sif", "tests/runtimes", "tests/images/app/test_doctor.py",
-                 "tests/images/app/test_keras3_horovod_api.py", "tests/cluster/test_multinode.py", "tests/publish",
+                 "tests/images/mpi/test_mpi4py_suite.py", "tests/sites", "tests/bench", "tests/sif",
+                 "tests/images/app/test_keras3.py", "tests/runtimes", "tests/images/app/test_doctor.py",
+                 "tests/publish", "tests/cluster/test_multinode.py", "tests/images/app/test_keras3_horovod_api.py",
                  "tests/images/horovod/test_horovod.py")
 
 # What a whole `make test` writes at its peak besides what is already built (the runtimes' image copies, the SIF

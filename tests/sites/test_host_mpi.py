@@ -105,7 +105,8 @@ def test_keras_training_on_the_host_mpi(host_mpi, mpich_image):
     check_training(out)
 
 
-@pytest.mark.parametrize("where", ["docker", "sif"])
+@pytest.mark.parametrize("where", [pytest.param("docker", marks=pytest.mark.full(
+    "the same TFHPC_HOST_LIBS code (tfhpc_runtime/hostenv.py) from the SIF")), "sif"])
 def test_a_host_libfabric_replaces_the_images(where, site_mpis, mpich_image, mpich_sif, helper):
     """The CXI-hook model: a host libfabric (here PyPI MPICH's libfabric 2.x, lib/mpich/) mounted and put first with
     TFHPC_HOST_LIBS; Intel MPI over OFI (tcp provider) loads it, and Horovod's collectives stay exact."""

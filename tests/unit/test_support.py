@@ -1,13 +1,15 @@
 """The shared test helpers (tests/support/) on made-up launcher output: the image tests use them only where images
 exist, so a parser that stopped accepting a launcher's prefix, or a check that stopped checking, shows here first."""
 import json
+import os
 
 import pytest
 
 from support.collectives import check_collectives, smoke_arguments
+from support.containers import start_container
 from support.count import checks_in
 from support.results import results
-from support.stack import expected_collectives
+from support.stack import LEAF, expected_collectives
 from support.wheels import build_info, matching_wheels, python_tag
 
 
@@ -108,3 +110,26 @@ def test_build_info_is_read_without_running_the_module(source):
     assert build_info(source) == {"is_cuda_build": False, "is_rocm_build": False}
     with pytest.raises(ValueError, match="no `build_info = ...` assignment"):
         build_info("import os\nos.system('false')\n")
+
+
+class _Images:
+    def get(self, name):
+        return type("Image", (), {"labels": {"io.tfhpc.layer": LEAF}})()
+
+
+class _Containers:
+    def __init__(self):
+        self.runs = []
+
+    def run(self, image, command, **options):
+        self.runs.append(options)
+
+
+def test_every_test_container_runs_open_mpi_ranks_that_yield_while_they_wait():
+    """support/oversubscription.py: two workers' ranks share 2 cores; the containers tests start carry the setting,
+    and pytest's own environment too (what apptainer passes on)."""
+    client = type("Client", (), {"images": _Images(), "containers": _Containers()})()
+    start_container(client, "tfhpc-app:test")
+    [options] = client.containers.runs
+    assert options["environment"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "1"

@@ -33,7 +33,7 @@ LONGEST_FIRST = ("tests/images/app/test_training.py", "tests/cluster/test_slurm.
 # (docs/testing.md#disk).
 MIN_FREE_GB = 15
 
-# The ranks that apptainer, ch-run and the host MPIs start from pytest's own environment leave the cores to each other
+# Open MPI's ranks that apptainer, ch-run and the host MPIs start from pytest's own environment yield when they wait,
 # as the containers' do (support/oversubscription.py); a value set before `make test` is kept.
 for _name, _value in oversubscription.ENVIRONMENT.items():
     os.environ.setdefault(_name, _value)

@@ -12,7 +12,7 @@ Measured and not set:
 - MPICH's ch4 device has a like setting (MPIR_CVAR_CH4_PROGRESS_THROTTLE: a yield after a number of polls without
   progress): two 2-rank runs of mpi4py's suite side by side took 278 s without it and 275 s with it.
 - One TensorFlow inter-op thread per process (TF_NUM_INTEROP_THREADS=1): two 2-rank trainings side by side used
-  13-17 % less CPU time with it, but the whole `make test` with it took 42 min 26 s against 38 min 41 s before it
+  13-17 % less CPU time with it, but the whole `make test` with it took 42 min 26 s at f10e2e4 against 38 min 41 s at a934517
   (the mpi4py suite, which runs no TensorFlow, 823 s against 587 s: the runs differed by more than the setting).
 
 Set in every test container's environment (tests/support/containers.py), on the test cluster's nodes (their jobs

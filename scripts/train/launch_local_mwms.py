@@ -2,7 +2,9 @@
 """Start N MultiWorkerMirroredStrategy workers on this machine: picks N free localhost ports, gives each worker its
 TF_CONFIG (all workers listed, its own index; worker 0 is the chief) and its share of the cores (OMP_NUM_THREADS),
 prefixes every output line with the worker's index, and stops the others when one fails (they would wait for it in
-the next collective forever).
+the next collective forever), naming the worker that failed and how it ended (not for status 99, every worker's stop after a signal:
+tfhpc_runtime/preemption.py). Its exit status is that worker's (128 + N for a worker killed by signal N, as a shell
+gives), 124 after --timeout.
 
     python launch_local_mwms.py -n 2 python mwms_keras_fit.py --epochs 2
     python launch_local_mwms.py -n 2 tfhpc-train-mwms-fit --epochs 2      # in the app image
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +27,7 @@ import time
 from tfhpc_runtime.cli import Parser
 from tfhpc_runtime.cluster import free_ports
 from tfhpc_runtime.errors import PREFIX, fail
+from tfhpc_runtime.preemption import SAVED_AND_STOPPED
 
 
 def parse_args(argv=None):
@@ -75,10 +79,17 @@ def main():
     status = 0
     try:
         while any(p.poll() is None for p in processes):
-            failed = [p for p in processes if p.poll() not in (None, 0)]
+            failed = [(index, p.returncode) for index, p in enumerate(processes) if p.poll() not in (None, 0)]
             if failed or (deadline and time.time() > deadline):
-                status = failed[0].returncode if failed else 124
-                if not failed:
+                if failed:  # the first seen to fail (the lowest index of those seen at once): the others wait for it
+                    index, code = failed[0]
+                    status = exit_status(code)
+                    if code != SAVED_AND_STOPPED:  # a signal's stop: every worker saved and exits 99 with it
+                        why = f" (its lines above, prefixed [worker {index}], say why)" if code > 0 else ""
+                        print(f"{PREFIX}: error: worker {index} {ended(code)}: stopping the other workers{why}",
+                              file=sys.stderr, flush=True)
+                else:
+                    status = 124
                     print(f"{PREFIX}: error: workers still running after --timeout {args.timeout:g} s: "
                           f"stopped them", file=sys.stderr, flush=True)
                 stop(processes)
@@ -90,7 +101,23 @@ def main():
     for pump in pumps:
         pump.join(timeout=5)
     codes = [p.wait() for p in processes]
-    return status or next((c for c in codes if c), 0)
+    return status or next((exit_status(c) for c in codes if c), 0)
+
+
+def ended(code):
+    """How a worker with Popen's return code `code` (non-zero) ended, in words."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with status {code}"
+
+
+def exit_status(code):
+    """The launcher's exit status for a worker's return code: a shell's 128 + N for a worker killed by signal N."""
+    return 128 - code if code < 0 else code
 
 
 def forward(stream, sink, prefix):

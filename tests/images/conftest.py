@@ -11,6 +11,7 @@ import pytest
 
 
 from support.containers import SCRIPTS, running, start_container, testinfra_host  # noqa: F401 (re-exported)
+from support.failures import excerpt
 from support.markers import mark_directory
 from support.results import results
 from support.stack import CONFIG, MANIFEST
@@ -75,7 +76,7 @@ def run_ranks(host, command, ranks=2, output_dir=None):
     --output-filename DIR`), read from there: a launcher that forwards the ranks' output through one stream can
     split a long line of one rank around another rank's line."""
     result = host.run(command)
-    assert result.rc == 0, f"{command} exited {result.rc}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.rc == 0, f"{command} exited {result.rc}:\n{excerpt(result.stdout, result.stderr)}"
     stdout = result.stdout
     if output_dir:
         stdout = host.run(f"find {shlex.quote(output_dir)} -name stdout -path '*rank.*' -exec cat {{}} +").stdout

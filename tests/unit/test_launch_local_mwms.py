@@ -53,3 +53,26 @@ def test_no_command_is_one_line_naming_the_fix(arguments):
     result = launch(*arguments)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "give the worker command" in result.stderr
+
+
+# Worker 1 ends as the parameter says at once; worker 0 would wait a minute, as a worker waits for a dead peer.
+ENDINGS = {"status 3": "sys.exit(3)", "SIGKILL": "os.kill(os.getpid(), signal.SIGKILL)", "stop": "sys.exit(99)"}
+
+
+@pytest.mark.parametrize("ending, status, words", [
+    ("status 3", 3, "worker 1 exited with status 3"),
+    ("SIGKILL", 137, "worker 1 was killed by signal 9 (SIGKILL)"),
+    ("stop", 99, None),  # a signal's stop (tfhpc_runtime/preemption.py): no error
+])
+def test_a_failed_worker_is_named_and_the_others_stopped(ending, status, words):
+    worker = [sys.executable, "-c",
+              "import json, os, signal, sys, time\n"
+              "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1:\n"
+              f"    {ENDINGS[ending]}\n"
+              "time.sleep(60)"]
+    result = launch("-n", "2", *worker)
+    assert result.returncode == status, result.stderr
+    if words:
+        assert f"tfhpc: error: {words}: stopping the other workers" in result.stderr
+    else:
+        assert "error" not in result.stderr, result.stderr

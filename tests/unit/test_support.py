@@ -8,6 +8,7 @@ import pytest
 from support.collectives import check_collectives, smoke_arguments
 from support.containers import start_container
 from support.count import checks_in
+from support.failures import excerpt
 from support.results import results
 from support.stack import LEAF, expected_collectives
 from support.wheels import build_info, matching_wheels, python_tag
@@ -133,3 +134,14 @@ def test_every_test_container_runs_open_mpi_ranks_that_yield_while_they_wait():
     [options] = client.containers.runs
     assert options["environment"]["OMPI_MCA_mpi_yield_when_idle"] == "1"
     assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "1"
+
+
+def test_a_failed_runs_excerpt_keeps_the_named_workers_lines_before_the_others_long_error():
+    """The launcher names worker 1; worker 0's long traceback after it would push worker 1's error out of a tail."""
+    stderr = ("[worker 1] Traceback (most recent call last):\n[worker 1] ValueError: the cause\n"
+              "tfhpc: error: worker 1 exited with status 1: stopping the other workers\n"
+              + "".join(f"[worker 0] waiting for worker 1, line {n}\n" for n in range(400)))
+    shown = excerpt("[worker 1] step 1\n", stderr)
+    assert "ValueError: the cause" in shown and "[worker 1] step 1" in shown
+    assert shown.index("tfhpc: error: worker 1") < shown.index("--- the end of stderr")
+    assert "ValueError: the cause" not in excerpt("", stderr.replace("tfhpc: error", "other"))  # no name: tails only

@@ -21,6 +21,7 @@ from .apptainer import Apptainer, scratch_dir
 from .common import REPO_ROOT, UserError, log, sha256_file
 from .dockerhost import client
 from .manifest import Config, Manifest
+from .ocilayout import write_layout
 from .provenance import IMAGES_JSON, update_images_json
 from .slsa import sif_statement, statement_path, subject_sha256, write_statement
 
@@ -33,7 +34,7 @@ def sif_path(config: Config, layer: str) -> Path:
     return SIF_DIR / f"tfhpc-{layer}_{config.tag}.sif"
 
 
-def render_definition(config: Config, layer: str, archive: str) -> str:
+def render_definition(config: Config, layer: str, layout: str) -> str:
     labels = config.labels(layer)
     with ENTRYPOINTS.open("rb") as handle:
         entrypoints = tomllib.load(handle)
@@ -43,7 +44,7 @@ def render_definition(config: Config, layer: str, archive: str) -> str:
                     f"%apphelp {name}\n    {spec['help']}\n")
     components = ", ".join(f"{k} {v}" for k, v in config.component_versions().items())
     replacements = {
-        "@FROM@": archive,
+        "@FROM@": layout,
         "@LABELS@": "\n".join(f"    {key} {value}" for key, value in labels.items()),
         "@TITLE@": labels["org.opencontainers.image.title"],
         "@VERSION@": labels["org.opencontainers.image.version"],
@@ -60,8 +61,8 @@ def render_definition(config: Config, layer: str, archive: str) -> str:
 
 
 def _definition_digest(config: Config, layer: str) -> str:
-    """Digest of the rendered definition, independent of the temporary archive path."""
-    return hashlib.sha256(render_definition(config, layer, "docker-archive").encode()).hexdigest()
+    """Digest of the rendered definition, independent of the temporary layout's path."""
+    return hashlib.sha256(render_definition(config, layer, "oci-layout").encode()).hexdigest()
 
 
 SQUASHFS_COMPRESSORS = ("gzip", "lz4", "lzo", "xz", "zstd")  # what mksquashfs -comp takes
@@ -132,19 +133,17 @@ def build_sif(manifest: Manifest, config: Config, layer: str, base_source: str, 
     log(f"converting {image} with {runtime.describe()}")
     started = time.monotonic()
     with scratch_dir(SIF_DIR, ".convert-") as workdir:
-        archive = workdir / "image.tar"
-        with archive.open("wb") as handle:
-            for chunk in client().images.get(image).save(chunk_size=8 << 20, named=True):
-                handle.write(chunk)
+        layout = workdir / "layout"  # not a `docker save` archive: apptainer would compress every layer of it
+        write_layout(client().images.get(image).save(chunk_size=8 << 20, named=True), layout)
         definition = workdir / "image.def"
-        definition.write_text(render_definition(config, layer, str(archive)))
-        for readable in (archive, definition):
-            readable.chmod(0o644)
+        definition.write_text(render_definition(config, layer, str(layout)))
+        for readable in (definition, layout, *layout.rglob("*")):  # for the helper's user
+            readable.chmod(0o755 if readable.is_dir() else 0o644)
         partial = workdir / "image.sif"
         # --notest: the definition's %test (a 2-rank smoke test) is tests/sif's `apptainer test`, run on every SIF
         # that the tests use; at build time it would run the same ranks again.
         runtime.build(partial, definition, workdir, ["--notest", "--mksquashfs-args", f"-comp {compression}"])
-        archive.unlink()
+        shutil.rmtree(layout)
         if sign_key is not None:
             shutil.copy(sign_key, workdir / "sign-key.pem")
             (workdir / "sign-key.pem").chmod(0o644)  # for the helper's user; no one else reaches scratch_dir

@@ -7,8 +7,8 @@ from tfhpc.sif import render_definition, sif_path
 
 
 def test_definition_has_docker_labels_apps_and_no_placeholder(config):
-    text = render_definition(config, "app", "/tmp/image.tar")
-    assert text.splitlines()[4:6] == ["Bootstrap: docker-archive", "From: /tmp/image.tar"]
+    text = render_definition(config, "app", "/tmp/layout")
+    assert text.splitlines()[4:6] == ["Bootstrap: oci", "From: /tmp/layout"]
     labels_section = text.split("%labels\n", 1)[1].split("\n%", 1)[0]
     labels = dict(line.strip().split(" ", 1) for line in labels_section.strip().splitlines())
     assert labels == config.labels("app")

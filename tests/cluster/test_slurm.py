@@ -243,32 +243,34 @@ HOST_MPI_JOBS = [pytest.param(*case, id=f"{case[0]}-on-{case[1]}", marks=[SAME_P
 SRUN_MPI = {"mpich": "pmi2", "impi-rt": "pmi2", "openmpi6": "pmix"}
 
 
+def host_mpi_job(slurm_cluster, image_mpi, host_mpi, command):
+    """Submit `command` through horovod-host-mpi.sbatch with the SIF of the `image_mpi` image on host MPI
+    `host_mpi`; returns sbatch()'s (job id, state, exit status, output)."""
+    image_sif = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, image_mpi), LEAF)
+    if not image_sif.is_file():
+        pytest.fail(f"{image_sif} is missing: run `make site-images` first")
+    environment = f"TFHPC_HOST_MPI={in_containers(install_host_mpi(host_mpi))} TFHPC_SRUN_MPI={SRUN_MPI[host_mpi]}"
+    if host_mpi == "impi-rt":
+        environment += f" TFHPC_HOST_LIBS={in_containers(install_site_mpi('mpich'))}/lib/mpich"
+    # --time: a rank that waits for ever in MPI_Init ends with the job instead of the test's timeout.
+    return sbatch(slurm_cluster, f"/sif/{image_sif.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
+                  environment=environment)
+
+
 @pytest.mark.parametrize(("image_mpi", "host_mpi"), HOST_MPI_JOBS)
 def test_host_mpi_job_runs_on_the_sites_mpi_under_srun(slurm_cluster, image_mpi, host_mpi):
     """The Cray-style bind model: srun starts the ranks of the MPICH image (its libmpi.so.12 replaced) or of the
     standard-ABI image (MPI=abi, its libmpi_abi.so.1 replaced) on the host MPI that TFHPC_HOST_MPI names: each rank
-    loaded the host library (the doctor), MPI and Horovod wired up as one world of 2 across the nodes, the collectives
-    are exact and 2-rank Keras training ends with equal weights on both ranks. Intel MPI's wheel has no libfabric:
-    TFHPC_HOST_LIBS gives it the one of PyPI's MPICH (a site gives its own; without one, MPI_Init fails in
-    MPIDI_OFI_mpi_init_hook). The image gives MPICH the OFI network module under srun --mpi=pmi2
-    (tfhpc_runtime/hostenv.py): with UCX, Slurm's pmi2 plugin misparsed MPICH's long PMI-1 requests and MPI_Init hung
-    in 3 of 4 Horovod starts."""
-    image_sif = sif_path(MANIFEST.config(CONFIG.stack, CONFIG.flavor, image_mpi), LEAF)
-    if not image_sif.is_file():
-        pytest.fail(f"{image_sif} is missing: run `make site-images` first")
+    loaded the host library (the doctor), MPI and Horovod wired up as one world of 2 across the nodes and the
+    collectives are exact. Intel MPI's wheel has no libfabric: TFHPC_HOST_LIBS gives it the one of PyPI's MPICH (a
+    site gives its own; without one, MPI_Init fails in MPIDI_OFI_mpi_init_hook). The image gives MPICH the OFI network
+    module under srun --mpi=pmi2 (tfhpc_runtime/hostenv.py): with UCX, Slurm's pmi2 plugin misparsed MPICH's long PMI-1
+    requests and MPI_Init hung in 3 of 4 Horovod starts."""
     prefix = in_containers(install_host_mpi(host_mpi))
     library = {"mpich": "libmpi.so.12", "abi": "libmpi_abi.so.1"}[image_mpi]
-    environment = f"TFHPC_HOST_MPI={prefix} TFHPC_SRUN_MPI={SRUN_MPI[host_mpi]}"
-    if host_mpi == "impi-rt":
-        environment += f" TFHPC_HOST_LIBS={in_containers(install_site_mpi('mpich'))}/lib/mpich"
-
-    def host_mpi_job(command):
-        # --time: a rank that waits for ever in MPI_Init ends with the job instead of the test's timeout.
-        return sbatch(slurm_cluster, f"/sif/{image_sif.name}", "horovod-host-mpi.sbatch", command, options="--time=5",
-                      environment=environment)
-
     # One report file per rank: two ranks' long JSON lines can interleave in the job's shared output file.
-    job, state, rc, output = host_mpi_job("sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'")
+    job, state, rc, output = host_mpi_job(slurm_cluster, image_mpi, host_mpi,
+                                          "sh -c 'exec tfhpc-doctor --json > doctor.$SLURM_JOB_ID.$SLURM_PROCID.json'")
     assert (rc, state) == (0, "COMPLETED"), output
     _, written = slurm_cluster.run("ctl", f"cat /jobs/out/doctor.{job}.0.json /jobs/out/doctor.{job}.1.json")
     reports = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
@@ -281,14 +283,27 @@ def test_host_mpi_job_runs_on_the_sites_mpi_under_srun(slurm_cluster, image_mpi,
         (world,) = [c for c in report["checks"] if c["section"] == "launcher" and c["name"] == "world size"]
         assert world["status"] == "ok" and "horovod 2, mpi 2" in world["detail"], world
 
-    job, state, rc, output = host_mpi_job("tfhpc-smoke-collectives --sizes 1,1023,65536")
+    job, state, rc, output = host_mpi_job(slurm_cluster, image_mpi, host_mpi,
+                                          "tfhpc-smoke-collectives --sizes 1,1023,65536")
     found = results(output)
     assert (rc, state) == (0, "COMPLETED"), output[-3000:]
     assert [(r["rank"], r["size"], r["controller"]) for r in found] == [(0, 2, "mpi"), (1, 2, "mpi")], output
     assert {r["host"] for r in found} == set(NODES) and "value not properly terminated" not in output
     assert not any(r["failures"] for r in found) and found[0]["allreduce"] == found[1]["allreduce"]
 
-    job, state, rc, output = host_mpi_job("tfhpc-smoke-train --epochs 3")
+
+# Keras training over the host MPI under srun: Horovod's allreduce of the gradients is the collectives job's
+# allreduce above, over the same library, launcher and job script.
+TRAINING = pytest.mark.full("the collectives job of the same job script and host MPI (the gradients' allreduce is "
+                            "Horovod's allreduce over that library); Keras training on each host MPI: tests/sites/"
+                            "test_host_mpi.py's test_keras_training_on_the_host_mpi; under srun: the Daint job")
+
+
+@pytest.mark.parametrize(("image_mpi", "host_mpi"), [pytest.param(*case.values, id=case.id, marks=[TRAINING])
+                                                     for case in HOST_MPI_JOBS])
+def test_host_mpi_job_trains_keras_with_equal_weights(slurm_cluster, image_mpi, host_mpi):
+    """2-rank Keras training on the host MPI under srun ends with equal weights on both ranks and the loss falling."""
+    job, state, rc, output = host_mpi_job(slurm_cluster, image_mpi, host_mpi, "tfhpc-smoke-train --epochs 3")
     found = results(output)
     assert (rc, state) == (0, "COMPLETED"), output[-3000:]
     assert {r["host"] for r in found} == set(NODES) and [r["size"] for r in found] == [2, 2]

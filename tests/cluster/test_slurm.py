@@ -74,10 +74,10 @@ srun --mpi=pmix apptainer exec "$TFHPC_SIF" python /opt/tfhpc/examples/keras3_hv
 srun apptainer exec "$TFHPC_SIF" tfhpc-slurm-tf-config python /opt/tfhpc/examples/keras3_mwms_fit.py \\
     keras3-$SLURM_JOB_ID/mwms
 """
-# Each step's code is proven in the test tier by another run on the same path: the examples themselves from the SIF
-# (tests/sif/test_sif_keras3.py), Horovod's Keras 3 fit under srun --mpi=pmix on 2 nodes (the Daint job: the stack's
+# Each step's code is proven in the test tier by another run on the same path: the examples themselves on 2 ranks
+# (tests/images/app/test_keras3.py), Horovod's Keras 3 fit under srun --mpi=pmix on 2 nodes (the Daint job: the stack's
 # default Keras), Keras 3 under MWMS with TF_CONFIG from the step on 2 nodes (the Keras files job's Keras 3 column).
-EXAMPLES_ON_SLURM = pytest.mark.full("the examples from the SIF: tests/sif/test_sif_keras3.py; Keras 3 under srun "
+EXAMPLES_ON_SLURM = pytest.mark.full("the examples on 2 ranks: tests/images/app/test_keras3.py; Keras 3 under srun "
                                      "--mpi=pmix: the Daint job; Keras 3 MWMS from the step: the files job's column")
 
 

@@ -7,7 +7,14 @@ import pytest
 from support.results import results
 from support.stack import CONFIG
 
-pytestmark = pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)")
+# The examples' code is the image's, the same in Docker and in the SIF: tests/images/app/test_keras3.py runs them
+# unchanged on 2 ranks in the test tier. What the SIF adds, apptainer starting the image's ranks under its mpirun and
+# MWMS workers from the SIF, is the test tier's in tests/sif/test_sif.py (the user's scripts under the SIF's mpirun)
+# and tests/cluster/test_slurm.py (MWMS from the SIF on 2 nodes: the Jean Zay job, the Keras files job's Keras 3
+# column).
+pytestmark = [pytest.mark.skipif(not CONFIG.keras_patches, reason="the stack has no Keras 3 (TensorFlow < 2.16)"),
+              pytest.mark.full("the examples in Docker: tests/images/app/test_keras3.py; the SIF's 2-rank runs: "
+                               "tests/sif/test_sif.py; MWMS from the SIF: tests/cluster/test_slurm.py")]
 
 EXAMPLES = "/opt/tfhpc/examples"
 WORK = "/tmp/keras3-sif"

@@ -38,7 +38,14 @@ def doctor(host, environment="", arguments="--json"):
     return result.rc, result.stdout, result.stderr
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun -np 2", "horovodrun -np 2 --gloo", "mpirun -np 2"])
+# horovodrun over MPI starts the ranks through the image's mpirun with Horovod's variables: the doctor reads the same
+# launcher, Horovod and MPI sizes as under mpirun itself; horovodrun's own launch is the Gloo one.
+SAME_LAUNCH = pytest.mark.full("mpirun -np 2: the Open MPI launch that horovodrun -np 2 runs; horovodrun's own "
+                               "launch: horovodrun -np 2 --gloo")
+
+
+@pytest.mark.parametrize("launcher", [pytest.param("horovodrun -np 2", marks=SAME_LAUNCH), "horovodrun -np 2 --gloo",
+                                      "mpirun -np 2"])
 def test_healthy_two_rank_run_passes_with_size_two_everywhere(host, image_layer, launcher):
     # One file per rank: a launcher that forwards output in chunks may cut a long line of one rank with the other's.
     result = host.run(f"rm -rf /tmp/healthy && {launcher} tfhpc-doctor --json --output '/tmp/healthy/{{rank}}.json'"
@@ -72,16 +79,29 @@ def test_tasks_that_each_see_size_one_are_flagged_on_every_rank(host, image_laye
         assert check(report, "slurm port")["status"] == "ok"  # the job id's port block is free here
 
 
-def test_http_proxy_is_flagged_unless_no_proxy_covers_the_workers(host, image_layer):
-    rc, out, _ = doctor(host, "http_proxy=http://proxy.invalid:3128")
-    report = reports(out)[0]
+# The environment checks run in one doctor each way: every condition at once flagged, then every one cleared.
+TF_CONFIG = json.dumps({"cluster": {"worker": ["node1:2222", "node2:2222"]}, "task": {"type": "worker", "index": 0}})
+FLAGGED = "http_proxy=http://proxy.invalid:3128 NCCL_SOCKET_IFNAME=ib9"
+CLEARED = f"http_proxy=http://proxy.invalid:3128 no_proxy=node1,node2 TF_CONFIG={shlex.quote(TF_CONFIG)} " \
+          "NCCL_SOCKET_IFNAME=eth"
+
+
+@pytest.fixture(scope="module")
+def environment_reports(host):
+    """{"flagged" | "cleared": (exit status, the JSON report)} of the doctor in FLAGGED's and CLEARED's environment."""
+    found = {}
+    for name, environment in (("flagged", FLAGGED), ("cleared", CLEARED)):
+        rc, out, _ = doctor(host, environment)
+        found[name] = rc, reports(out)[0]
+    return found
+
+
+def test_http_proxy_is_flagged_unless_no_proxy_covers_the_workers(image_layer, environment_reports):
+    rc, report = environment_reports["flagged"]
     proxy = check(report, "http proxy")
     assert rc == 1 and proxy["status"] == "fail" and "unset http_proxy" in proxy["fix"]
-    tf_config = json.dumps({"cluster": {"worker": ["node1:2222", "node2:2222"]}, "task": {"type": "worker", "index": 0}})
-    rc, out, _ = doctor(host, f"http_proxy=http://proxy.invalid:3128 no_proxy=node1,node2 "
-                              f"TF_CONFIG={shlex.quote(tf_config)}")
-    report = reports(out)[0]
-    assert rc == 0 and check(report, "http proxy")["status"] == "ok"
+    rc, report = environment_reports["cleared"]
+    assert rc == 0 and check(report, "http proxy")["status"] == "ok", report["checks"]
     assert check(report, "TF_CONFIG")["detail"] == "worker 0 of 2 workers: node1:2222"
 
 
@@ -98,17 +118,25 @@ def test_malformed_tf_config_is_flagged(host, image_layer, tf_config, phrase):
     assert rc == 1 and entry["status"] == "fail" and phrase in entry["detail"] and entry["fix"], entry
 
 
-def test_nccl_interface_that_does_not_exist_is_flagged(host, image_layer):
-    rc, out, _ = doctor(host, "NCCL_SOCKET_IFNAME=ib9")
-    entry = check(reports(out)[0], "NCCL_SOCKET_IFNAME")
+def test_nccl_interface_that_does_not_exist_is_flagged(image_layer, environment_reports):
+    rc, report = environment_reports["flagged"]
+    entry = check(report, "NCCL_SOCKET_IFNAME")
     assert rc == 1 and entry["status"] == "fail" and "eth0" in entry["fix"], entry
-    rc, out, _ = doctor(host, "NCCL_SOCKET_IFNAME=eth")
-    assert rc == 0 and check(reports(out)[0], "NCCL_SOCKET_IFNAME")["status"] == "ok"
+    rc, report = environment_reports["cleared"]
+    assert rc == 0 and check(report, "NCCL_SOCKET_IFNAME")["status"] == "ok", report["checks"]
 
 
-def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(host, image_layer):
-    rc, out, err = doctor(host, arguments="")
-    assert rc == 0, out + err
+@pytest.fixture(scope="module")
+def text_report(host):
+    """The doctor's text report as `--output '/tmp/out/doctor-{rank}.txt'` wrote it: (exit status, the directory's
+    listing, the file)."""
+    result = host.run("rm -rf /tmp/out && tfhpc-doctor --output '/tmp/out/doctor-{rank}.txt'")
+    return result.rc, host.check_output("ls -A /tmp/out").split(), host.file("/tmp/out/doctor-0.txt").content_string
+
+
+def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(image_layer, text_report):
+    rc, _, out = text_report
+    assert rc == 0, out
     assert out.strip().splitlines()[-1].startswith("verdict: OK (0 failed")
     if CONFIG.flavor == "gpu":  # a GPU image without a GPU: a warning with the fix, and what the image expects
         gpu = CONFIG.gpu
@@ -121,12 +149,10 @@ def test_no_gpu_is_reported_without_failing_and_text_report_ends_with_a_verdict(
         assert "[ ok ] horovod: Horovod built with MPI, Gloo" in out
 
 
-def test_output_file_holds_the_whole_report_and_a_bad_path_is_one_line(host, image_layer):
-    result = host.run("rm -rf /tmp/out && tfhpc-doctor --output '/tmp/out/doctor-{rank}.txt' && ls -A /tmp/out "
-                      "&& cat /tmp/out/doctor-0.txt")
-    assert result.rc == 0, result.stdout + result.stderr
-    assert result.stdout.splitlines()[0] == "doctor-0.txt"  # no temporary file left beside it
-    assert result.stdout.strip().splitlines()[-1].startswith("verdict: OK")
+def test_output_file_holds_the_whole_report_and_a_bad_path_is_one_line(host, image_layer, text_report):
+    rc, listing, out = text_report
+    assert rc == 0 and listing == ["doctor-0.txt"], (rc, listing)  # no temporary file left beside it
+    assert out.strip().splitlines()[-1].startswith("verdict: OK")
     result = host.run("tfhpc-doctor --output /proc/forbidden/doctor.txt")
     assert result.rc != 0 and result.stderr.strip().count("\n") == 0, result.stderr
     assert "cannot write /proc/forbidden/doctor.txt" in result.stderr and "--output" in result.stderr

@@ -1,4 +1,4 @@
-"""The doctor entrypoint, tested by creating each condition it must detect (issue 9): a healthy 2-rank run under
+"""The doctor entrypoint, tested by creating each condition it must detect: a healthy 2-rank run under
 horovodrun and mpirun passes with size 2 everywhere; srun-style tasks whose MPI cannot wire up (each rank alone) are
 flagged; HTTP proxies, a malformed TF_CONFIG and an NCCL interface that does not exist are flagged with a fix; no GPU
 here is reported without failing. Every --json report validates against scripts/doctor.schema.json."""
